@@ -1,0 +1,79 @@
+# dpconform: `make conformance` runs the suite against the reference dataplane on a
+# netns topology; `make test` proves the project. Both install and build what they need.
+
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin
+GO ?= go
+OUT := _output
+BIN := $(OUT)/bin
+
+# Debian packages needed at run time, and to regenerate the BPF objects.
+RUNTIME_PKGS := iptables iproute2 conntrack util-linux kmod
+GENERATE_PKGS := clang llvm libbpf-dev
+
+.PHONY: all deps deps-generate control-plane cni binaries build test test-unit lint \
+        bench conformance generate cleanup clean
+
+all: build
+
+## deps: install the Debian packages needed at run time, only those missing
+deps:
+	@missing=$$(for p in $(RUNTIME_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else echo "deps: all of $(RUNTIME_PKGS) installed"; fi
+
+## deps-generate: install clang and libbpf headers (for `make generate` and its check)
+deps-generate:
+	@missing=$$(for p in $(GENERATE_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else echo "deps-generate: all of $(GENERATE_PKGS) installed"; fi
+
+## control-plane: build etcd, kube-apiserver, kube-controller-manager, kube-proxy once
+control-plane:
+	@topologies/binaries/build.sh control-plane
+
+## cni: build the ptp, host-local and loopback CNI plugins once
+cni:
+	@topologies/binaries/build.sh cni
+
+binaries: control-plane cni
+
+## build: the project's own binaries into _output/bin
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./conformance/cmd/...
+
+## generate: rebuild the BPF objects and their Go bindings with clang
+generate: deps-generate
+	$(GO) generate ./bpf/...
+
+## lint: gofmt, go vet, staticcheck
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) tool staticcheck ./...
+
+## test: everything that proves the project (privileged tests need root)
+test: deps deps-generate binaries lint
+	$(GO) test -count=1 -p 1 -timeout 60m ./...
+
+## bench: the project's benchmarks, with their figures (not part of `make test`)
+bench: deps binaries
+	$(GO) test -count=1 -p 1 -run '^$$' -bench . -benchtime 3x -timeout 60m ./...
+
+## conformance: run the suite against the reference dataplane on a netns topology
+conformance: deps binaries build
+	@echo "dpconform conformance: the suite is not built yet (issue 5)."
+	@echo "What exists now: the netns topology (issue 2). Bringing it up and down once:"
+	$(GO) test -count=1 -timeout 10m ./topologies/...
+
+## cleanup: remove what killed runs left behind
+cleanup: build
+	$(BIN)/dpconform cleanup
+
+clean:
+	rm -rf $(OUT)

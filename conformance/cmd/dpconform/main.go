@@ -1,0 +1,100 @@
+// Command dpconform is the conformance suite's command line: it reaps what killed runs
+// left, brings up a topology by hand, and hosts the helper roles (probes) that the
+// suite re-executes inside network namespaces.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/dpconform/dpconform/topologies"
+	"github.com/dpconform/dpconform/topologies/netns"
+)
+
+const usage = `dpconform: conformance of Kubernetes dataplanes across transitions
+
+usage:
+  dpconform cleanup [--run ID ...]     remove what killed runs left behind (idempotent)
+  dpconform topology up [flags]        bring a netns topology up and hold it until ^C
+`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprint(os.Stderr, usage)
+		os.Exit(2)
+	}
+	var err error
+	switch os.Args[1] {
+	case "cleanup":
+		err = cleanup(os.Args[2:])
+	case "topology":
+		if len(os.Args) < 3 || os.Args[2] != "up" {
+			fmt.Fprint(os.Stderr, usage)
+			os.Exit(2)
+		}
+		err = topologyUp(os.Args[3:])
+	case "-h", "--help", "help":
+		fmt.Print(usage)
+		return
+	default:
+		fmt.Fprintf(os.Stderr, "dpconform: unknown command %q\n\n%s", os.Args[1], usage)
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "dpconform:", err)
+		os.Exit(1)
+	}
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func cleanup(args []string) error {
+	fs := flag.NewFlagSet("cleanup", flag.ExitOnError)
+	var runs multiFlag
+	fs.Var(&runs, "run", "a run ID to remove even if its owner is alive (repeatable); default: every run whose owner is gone")
+	fs.Parse(args)
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("cleanup removes network namespaces, links and mounts: run it as root")
+	}
+	removed, err := netns.Cleanup(netns.CleanupOptions{RunIDs: runs, Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
+	if len(removed) == 0 && err == nil {
+		fmt.Println("nothing to clean up")
+	}
+	return err
+}
+
+func topologyUp(args []string) error {
+	fs := flag.NewFlagSet("topology up", flag.ExitOnError)
+	nodes := fs.Int("nodes", 2, "number of nodes")
+	pods := fs.Int("pods", 0, "pods to add, spread over the nodes")
+	fs.Parse(args)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	topo, err := netns.New(ctx, netns.Options{Nodes: *nodes, Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
+	if err != nil {
+		return err
+	}
+	defer topo.Close()
+	for i := 0; i < *pods; i++ {
+		n := topo.Nodes()[i%len(topo.Nodes())]
+		p, err := topo.AddPod(ctx, topologies.PodSpec{Name: fmt.Sprintf("pod-%d", i), Node: n.Name()})
+		if err != nil {
+			return err
+		}
+		fmt.Printf("pod %s on %s: %s\n", p.Name(), n.Name(), p.IP())
+	}
+	for _, n := range topo.Nodes() {
+		fmt.Printf("node %s: %s, pods %s, netns %s\n", n.Name(), n.IP(), n.PodCIDR(), strings.TrimPrefix(n.DriverEnv()[1], "DPC_NETNS="))
+	}
+	fmt.Printf("kubeconfig: %s\nholding the topology until ^C\n", topo.Kubeconfig())
+	<-ctx.Done()
+	return topo.Close()
+}

@@ -1,0 +1,91 @@
+package topologies
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// CreateService creates svc (namespace "default" when empty) and returns it as stored,
+// with its ClusterIP and node ports allocated.
+func CreateService(ctx context.Context, kube kubernetes.Interface, svc *corev1.Service) (*corev1.Service, error) {
+	if svc.Namespace == "" {
+		svc = svc.DeepCopy()
+		svc.Namespace = "default"
+	}
+	out, err := kube.CoreV1().Services(svc.Namespace).Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create Service %s/%s: %w", svc.Namespace, svc.Name, err)
+	}
+	return out, nil
+}
+
+// ReadyEndpoints returns the sorted addresses of ready endpoints in the
+// EndpointSlices of a Service.
+func ReadyEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, service string) ([]netip.Addr, error) {
+	slices, err := kube.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{
+		LabelSelector: discoveryv1.LabelServiceName + "=" + service,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list EndpointSlices of %s/%s: %w", namespace, service, err)
+	}
+	var out []netip.Addr
+	for _, s := range slices.Items {
+		for _, ep := range s.Endpoints {
+			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+				continue
+			}
+			for _, a := range ep.Addresses {
+				if ip, err := netip.ParseAddr(a); err == nil {
+					out = append(out, ip)
+				}
+			}
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Less(out[j]) })
+	return out, nil
+}
+
+// WaitForEndpoints waits until the EndpointSlices of a Service list exactly the given
+// pods as ready endpoints (the endpointslice controller has caught up), or ctx ends.
+func WaitForEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, service string, pods ...Pod) error {
+	want := make([]netip.Addr, len(pods))
+	for i, p := range pods {
+		want[i] = p.IP()
+	}
+	sort.Slice(want, func(i, j int) bool { return want[i].Less(want[j]) })
+	if namespace == "" {
+		namespace = "default"
+	}
+	var got []netip.Addr
+	var err error
+	for {
+		got, err = ReadyEndpoints(ctx, kube, namespace, service)
+		if err == nil && slices.Equal(got, want) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("EndpointSlices of %s/%s list ready %s, want %s (last error: %v): %w",
+				namespace, service, addrs(got), addrs(want), err, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func addrs(a []netip.Addr) string {
+	s := make([]string, len(a))
+	for i, x := range a {
+		s[i] = x.String()
+	}
+	return "[" + strings.Join(s, " ") + "]"
+}

@@ -1,0 +1,124 @@
+package netns_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/topologies"
+	"github.com/dpconform/dpconform/topologies/netns"
+)
+
+// roleArg marks a re-execution of this test binary in a helper role; TestMain runs the
+// role instead of the tests.
+const roleArg = "__dpc_netns_role"
+
+func TestMain(m *testing.M) {
+	if len(os.Args) > 2 && os.Args[1] == roleArg {
+		os.Exit(runRole(os.Args[2], os.Args[3:]))
+	}
+	os.Exit(m.Run())
+}
+
+func TestNetns(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "netns topology")
+}
+
+var _ = BeforeEach(func() { privileged.Ginkgo(Skip, Fail) })
+
+// roleCmd is the argv that re-executes this binary in a role.
+func roleCmd(role string, args ...string) (string, []string) {
+	return os.Args[0], append([]string{roleArg, role}, args...)
+}
+
+func runRole(role string, args []string) int {
+	switch role {
+	case "echo": // echo ADDR NAME: answer every connection with NAME
+		l, err := net.Listen("tcp", args[0])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Println("listening")
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return 1
+			}
+			fmt.Fprint(c, args[1])
+			c.Close()
+		}
+	case "dial": // dial ADDR: print what the server says; retry for 5 s
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			c, err := net.DialTimeout("tcp", args[0], time.Second)
+			if err == nil {
+				c.SetDeadline(time.Now().Add(2 * time.Second))
+				b, err := io.ReadAll(c)
+				c.Close()
+				if err == nil {
+					fmt.Print(string(b))
+					return 0
+				}
+			}
+			if time.Now().After(deadline) {
+				fmt.Fprintln(os.Stderr, err)
+				return 1
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	case "up": // up NODES PODS: bring a topology up and hold it until SIGINT or SIGTERM
+		nodes, _ := strconv.Atoi(args[0])
+		pods, _ := strconv.Atoi(args[1])
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+		defer stop()
+		topo, err := netns.New(ctx, netns.Options{Nodes: nodes, Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
+		if err != nil {
+			fmt.Println("set-up failed:", err)
+			return 3
+		}
+		for i := 0; i < pods; i++ {
+			n := topo.Nodes()[i%nodes]
+			if _, err := topo.AddPod(ctx, topologies.PodSpec{Name: fmt.Sprintf("pod-%d", i), Node: n.Name()}); err != nil {
+				fmt.Println("add pod failed:", err)
+				topo.Close()
+				return 3
+			}
+		}
+		fmt.Println("UP", topo.RunID())
+		<-ctx.Done()
+		if err := topo.Close(); err != nil {
+			fmt.Println("close failed:", err)
+			return 4
+		}
+		return 0
+	}
+	fmt.Fprintln(os.Stderr, "unknown role", role)
+	return 2
+}
+
+// lines streams a reader's lines to a channel.
+func lines(r io.Reader) <-chan string {
+	ch := make(chan string, 100)
+	go func() {
+		s := bufio.NewScanner(r)
+		for s.Scan() {
+			ch <- s.Text()
+		}
+		close(ch)
+	}()
+	return ch
+}

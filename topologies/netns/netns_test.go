@@ -1,0 +1,241 @@
+package netns_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os/exec"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/dpconform/dpconform/topologies"
+	"github.com/dpconform/dpconform/topologies/netns"
+)
+
+// serve starts an echo server that answers with its host's name on port 8080 of h.
+func serve(h topologies.Host) *exec.Cmd {
+	name, args := roleCmd("echo", ":8080", h.Name())
+	cmd := exec.Command(name, args...)
+	out, err := cmd.StdoutPipe()
+	Expect(err).NotTo(HaveOccurred())
+	Expect(h.Start(cmd)).To(Succeed())
+	DeferCleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	Eventually(lines(out)).WithTimeout(5 * time.Second).Should(Receive(Equal("listening")))
+	return cmd
+}
+
+// dial connects from h to addr:8080 and returns who answered.
+func dial(ctx context.Context, from topologies.Host, to string) (string, error) {
+	name, args := roleCmd("dial", net.JoinHostPort(to, "8080"))
+	out, err := topologies.Output(ctx, from, name, args...)
+	return string(out), err
+}
+
+var _ = Describe("a 2-node netns topology", Ordered, func() {
+	var (
+		topo *netns.Topology
+		pods []topologies.Pod
+		ctx  context.Context
+	)
+
+	BeforeAll(func(sctx SpecContext) {
+		var err error
+		topo, err = netns.New(sctx, netns.Options{Logf: GinkgoLogr.Info})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() {
+			id, dir := topo.RunID(), topo.Dir()
+			Expect(topo.Close()).To(Succeed())
+			Expect(netns.Leftovers("", id)).To(BeEmpty(), "run directory was %s", dir)
+		})
+		for i, n := range []string{"node-a", "node-a", "node-b", "node-b"} {
+			p, err := topo.AddPod(sctx, topologies.PodSpec{Name: fmt.Sprintf("web-%d", i), Node: n, Labels: map[string]string{"app": "web"}})
+			Expect(err).NotTo(HaveOccurred())
+			pods = append(pods, p)
+		}
+	}, NodeTimeout(90*time.Second))
+
+	BeforeEach(func() {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(context.Background(), 30*time.Second)
+		DeferCleanup(cancel)
+	})
+
+	It("gives pods addresses from their node's pod CIDR", func() {
+		for _, p := range pods {
+			Expect(topo.Node(p.NodeName()).PodCIDR().Contains(p.IP())).To(BeTrue(), "%s has %s", p.Name(), p.IP())
+		}
+	})
+
+	It("routes pod to pod on one node and across nodes, and the external client to a node", func() {
+		serve(pods[1])
+		serve(pods[2])
+		serve(topo.Nodes()[1])
+		Expect(dial(ctx, pods[0], pods[1].IP().String())).To(Equal("web-1"), "same node")
+		Expect(dial(ctx, pods[0], pods[2].IP().String())).To(Equal("web-2"), "across nodes")
+		Expect(dial(ctx, pods[3], pods[1].IP().String())).To(Equal("web-1"), "across nodes, the other way")
+		Expect(dial(ctx, topo.External(), topo.Nodes()[1].IP().String())).To(Equal("node-b"), "external to node")
+	})
+
+	It("keeps the external client out of the pod network", func() {
+		serve(pods[0])
+		_, err := dial(ctx, topo.External(), pods[0].IP().String())
+		Expect(err).To(HaveOccurred(), "the external client has no route to pods; only the dataplane's NodePorts reach them")
+	})
+
+	It("registers Nodes and Pods with the right IPs", func() {
+		nodes, err := topo.Kube().CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(nodes.Items).To(HaveLen(2))
+		for _, n := range nodes.Items {
+			tn := topo.Node(n.Name)
+			Expect(tn).NotTo(BeNil())
+			Expect(n.Spec.PodCIDR).To(Equal(tn.PodCIDR().String()))
+			Expect(n.Status.Addresses).To(ContainElement(corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: tn.IP().String()}))
+		}
+		list, err := topo.Kube().CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(list.Items).To(HaveLen(len(pods)))
+		for _, p := range pods {
+			obj, err := topo.Kube().CoreV1().Pods("default").Get(ctx, p.Name(), metav1.GetOptions{})
+			Expect(err).NotTo(HaveOccurred())
+			Expect(obj.Spec.NodeName).To(Equal(p.NodeName()))
+			Expect(obj.Status.PodIP).To(Equal(p.IP().String()))
+			Expect(obj.Status.Conditions).To(ContainElement(HaveField("Type", corev1.PodReady)))
+		}
+	})
+
+	It("lists ready pods in a Service's EndpointSlices, through the real controller", func() {
+		svc, err := topologies.CreateService(ctx, topo.Kube(), &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "web"},
+			Spec: corev1.ServiceSpec{
+				Selector: map[string]string{"app": "web"},
+				Type:     corev1.ServiceTypeNodePort,
+				Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}},
+			},
+		})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(svc.Spec.ClusterIP).NotTo(BeEmpty())
+		Expect(svc.Spec.Ports[0].NodePort).NotTo(BeZero())
+		Expect(topologies.WaitForEndpoints(ctx, topo.Kube(), "default", "web", pods...)).To(Succeed())
+
+		By("removing a pod, which leaves the Service's endpoints")
+		Expect(topo.RemovePod(ctx, pods[3])).To(Succeed())
+		Expect(topologies.WaitForEndpoints(ctx, topo.Kube(), "default", "web", pods[:3]...)).To(Succeed())
+		pods = pods[:3]
+	})
+
+	It("writes a kubeconfig that works from inside a node", func() {
+		n := topo.Nodes()[0]
+		env := map[string]string{}
+		for _, kv := range n.DriverEnv() {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		Expect(env).To(HaveKeyWithValue("DPC_NODE", "node-a"))
+		Expect(env).To(HaveKeyWithValue("DPC_TOPOLOGY", "netns"))
+		Expect(env["DPC_KUBECONFIG"]).To(BeAnExistingFile())
+		// The API server listens on the fabric; reach it from inside the node.
+		host := strings.TrimPrefix(topo.RESTConfig().Host, "https://")
+		name, args := roleCmd("dial", host)
+		cmd := exec.CommandContext(ctx, name, args...)
+		Expect(n.Start(cmd)).To(Succeed())
+		Expect(cmd.Wait()).To(Succeed(), "a TCP connection from node-a to the API server at %s", host)
+	})
+})
+
+var _ = Describe("cleaning up", func() {
+	upLine := regexp.MustCompile(`run (dpc[0-9a-f]{5}): (.*)`)
+
+	// startUp runs a topology in a subprocess and returns it with its progress lines.
+	startUp := func() (*exec.Cmd, <-chan string) {
+		name, args := roleCmd("up", "2", "4")
+		cmd := exec.Command(name, args...)
+		out, err := cmd.StdoutPipe()
+		Expect(err).NotTo(HaveOccurred())
+		cmd.Stderr = GinkgoWriter
+		Expect(cmd.Start()).To(Succeed())
+		DeferCleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		return cmd, lines(out)
+	}
+
+	// waitFor reads progress until a line contains want and returns the run ID.
+	waitFor := func(progress <-chan string, want string) string {
+		id := ""
+		deadline := time.After(60 * time.Second)
+		for {
+			select {
+			case l, ok := <-progress:
+				Expect(ok).To(BeTrue(), "the run ended before %q", want)
+				GinkgoWriter.Println(l)
+				if m := upLine.FindStringSubmatch(l); m != nil {
+					id = m[1]
+				}
+				if strings.Contains(l, want) {
+					Expect(id).NotTo(BeEmpty())
+					return id
+				}
+			case <-deadline:
+				Fail("no " + want + " within 60 s")
+			}
+		}
+	}
+
+	It("removes everything when a run gets SIGINT halfway through set-up", func() {
+		cmd, progress := startUp()
+		id := waitFor(progress, "creating node-b")
+		Expect(cmd.Process.Signal(syscall.SIGINT)).To(Succeed())
+		for range progress {
+		}
+		Expect(cmd.Wait()).To(HaveOccurred(), "an interrupted set-up is a failed set-up")
+		Expect(netns.Leftovers("", id)).To(BeEmpty())
+	})
+
+	It("removes everything when a ready run gets SIGTERM", func() {
+		cmd, progress := startUp()
+		id := waitFor(progress, "ready")
+		Eventually(progress).WithTimeout(60 * time.Second).Should(Receive(HavePrefix("UP")))
+		Expect(cmd.Process.Signal(syscall.SIGTERM)).To(Succeed())
+		for range progress {
+		}
+		Expect(cmd.Wait()).To(Succeed())
+		Expect(netns.Leftovers("", id)).To(BeEmpty())
+	})
+
+	It("reaps a killed run with Cleanup, idempotently, and spares live runs", func() {
+		live, liveProgress := startUp()
+		liveID := waitFor(liveProgress, "ready")
+		Eventually(liveProgress).WithTimeout(60 * time.Second).Should(Receive(HavePrefix("UP")))
+
+		cmd, progress := startUp()
+		id := waitFor(progress, "ready")
+		Eventually(progress).WithTimeout(60 * time.Second).Should(Receive(HavePrefix("UP")))
+		Expect(cmd.Process.Signal(syscall.SIGKILL)).To(Succeed())
+		cmd.Wait()
+		Expect(netns.Leftovers("", id)).NotTo(BeEmpty(), "a SIGKILLed run cannot clean up after itself")
+
+		removed, err := netns.Cleanup(netns.CleanupOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(removed).To(ContainElement(id))
+		Expect(removed).NotTo(ContainElement(liveID), "the live run's owner is alive")
+		Expect(netns.Leftovers("", id)).To(BeEmpty())
+		Expect(netns.Leftovers("", liveID)).NotTo(BeEmpty())
+
+		removed, err = netns.Cleanup(netns.CleanupOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(removed).NotTo(ContainElement(id))
+
+		Expect(live.Process.Signal(syscall.SIGTERM)).To(Succeed())
+		for range liveProgress {
+		}
+		Expect(live.Wait()).To(Succeed())
+		Expect(netns.Leftovers("", liveID)).To(BeEmpty())
+	})
+})

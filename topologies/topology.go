@@ -1,0 +1,107 @@
+// Package topologies defines the world a conformance spec runs in: nodes, pods, an
+// external client and a Kubernetes API server, behind one interface that every provider
+// (network namespaces on one host, kind clusters) implements. Specs only ever see this
+// interface.
+package topologies
+
+import (
+	"context"
+	"net/netip"
+	"os/exec"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+)
+
+// Topology is a running set of nodes with a Kubernetes control plane.
+type Topology interface {
+	// Provider names the provider: "netns" or "kind".
+	Provider() string
+	// RunID is the per-run prefix carried by every name the run creates.
+	RunID() string
+	// Nodes returns the nodes in a stable order.
+	Nodes() []Node
+	// Node returns the node with the given name, or nil.
+	Node(name string) Node
+	// External is the client outside the cluster (for NodePort traffic).
+	External() Host
+
+	// Kube is a client of the topology's API server for the suite itself.
+	Kube() kubernetes.Interface
+	// RESTConfig is the configuration behind Kube.
+	RESTConfig() *rest.Config
+
+	// AddPod wires a pod as a container runtime would (Pod object, network namespace,
+	// CNI ADD) and then plays the kubelet (status with the pod's IP, Ready). It returns
+	// once the pod's status is written.
+	AddPod(ctx context.Context, spec PodSpec) (Pod, error)
+	// RemovePod deletes the Pod object, calls CNI DEL and removes the pod's namespace.
+	RemovePod(ctx context.Context, pod Pod) error
+	// Pods returns the pods added and not removed.
+	Pods() []Pod
+
+	// Close removes everything the run created. It is safe to call more than once.
+	Close() error
+}
+
+// Host is a place where processes run with their own network: a node, a pod or the
+// external client.
+type Host interface {
+	// Name identifies the host within the run (a Node or Pod object's name, or "external").
+	Name() string
+	// IP is the host's IPv4 address on its primary interface.
+	IP() netip.Addr
+	// Start starts cmd inside the host's network namespace. cmd must not have been
+	// started; on some providers Start rewrites cmd (for example to run it through a
+	// container runtime), so callers must not rely on cmd.Path afterwards.
+	Start(cmd *exec.Cmd) error
+}
+
+// Node is a Kubernetes node of the topology.
+type Node interface {
+	Host
+	// PodCIDR is the range the node's pods get their addresses from.
+	PodCIDR() netip.Prefix
+	// Interface is the name of the node's interface to the fabric (e.g. "eth0").
+	Interface() string
+	// DriverEnv is the environment a driver call for this node gets (DRIVER.md):
+	// DPC_NODE, DPC_NETNS, DPC_KUBECONFIG, DPC_STATE_DIR, DPC_TOPOLOGY and DPC_RUN.
+	DriverEnv() []string
+}
+
+// Pod is a workload wired into a node by CNI.
+type Pod interface {
+	Host
+	Namespace() string
+	NodeName() string
+	Labels() map[string]string
+}
+
+// PodSpec describes a pod to add.
+type PodSpec struct {
+	// Name of the Pod object; required.
+	Name string
+	// Namespace of the Pod object; "default" when empty.
+	Namespace string
+	// Node is the name of the node to place the pod on; required.
+	Node string
+	// Labels of the Pod object (Services and NetworkPolicies select on them).
+	Labels map[string]string
+	// Ports the pod's container declares (informational, for named target ports).
+	Ports []ContainerPort
+	// NotReady leaves the pod's Ready condition false.
+	NotReady bool
+}
+
+// ContainerPort is a port a pod declares.
+type ContainerPort struct {
+	Name     string
+	Port     int32
+	Protocol string // "TCP" (default) or "UDP"
+}
+
+// Output runs name with args inside h's network namespace and returns its combined
+// output; the error includes that output.
+func Output(ctx context.Context, h Host, name string, args ...string) ([]byte, error) {
+	return output(ctx, h, name, args...)
+}
