@@ -1,0 +1,146 @@
+package driver
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fakeDriver writes a driver script whose body handles $1.
+func fakeDriver(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "driver")
+	if err := os.WriteFile(p, []byte("#!/bin/bash\n"+body+"\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestExecDriver(t *testing.T) {
+	n := Node{Name: "node-a", Env: []string{"DPC_NODE=node-a"}}
+	short := Timeouts{Info: time.Second, Start: time.Second, Status: 500 * time.Millisecond, Stop: time.Second, Kill: time.Second, Events: time.Second, Collect: time.Second, Cleanup: time.Second}
+	tests := []struct {
+		name     string
+		body     string
+		call     func(d *Exec) error
+		wantKind string // "" means success
+		wantText []string
+	}{
+		{
+			name: "info ok",
+			body: `[ "$1" = info ] && echo '{"name":"x","version":"1","profiles":["Core"],"features":["NodePort"]}'`,
+			call: func(d *Exec) error {
+				info, err := d.Info(context.Background())
+				if err == nil && (!info.HasProfile("Core") || !info.HasFeature("NodePort") || info.HasProfile("Policy")) {
+					return errors.New("profiles or features misread")
+				}
+				return err
+			},
+		},
+		{
+			name: "status reads the node's environment",
+			body: `[ "$DPC_NODE" = node-a ] && echo '{"running":true,"ready":false}'`,
+			call: func(d *Exec) error {
+				st, err := d.Status(context.Background(), n)
+				if err == nil && (!st.Running || st.Ready) {
+					return errors.New("status misread")
+				}
+				return err
+			},
+		},
+		{
+			name:     "malformed reply",
+			body:     `echo 'running: yes'`,
+			call:     func(d *Exec) error { _, err := d.Status(context.Background(), n); return err },
+			wantKind: "malformed",
+			wantText: []string{"not the JSON object", "running: yes"},
+		},
+		{
+			name:     "status without its fields",
+			body:     `echo '{}'`,
+			call:     func(d *Exec) error { _, err := d.Status(context.Background(), n); return err },
+			wantKind: "malformed",
+			wantText: []string{`"running" and "ready"`},
+		},
+		{
+			name:     "info without a name",
+			body:     `echo '{"version":"1"}'`,
+			call:     func(d *Exec) error { _, err := d.Info(context.Background()); return err },
+			wantKind: "malformed",
+		},
+		{
+			name:     "non-zero exit keeps the driver's error and stderr",
+			body:     `echo 'agent binary missing' >&2; echo '{"error":"cannot start","detail":"no /usr/bin/agent"}'; exit 3`,
+			call:     func(d *Exec) error { return d.Start(context.Background(), n, "") },
+			wantKind: "exit",
+			wantText: []string{"cannot start", "no /usr/bin/agent", "agent binary missing", "exit status 3", "start on node-a"},
+		},
+		{
+			name:     "hung driver",
+			body:     `sleep 30; echo '{}'`,
+			call:     func(d *Exec) error { return d.Stop(context.Background(), n) },
+			wantKind: "timeout",
+			wantText: []string{"no answer within 1s"},
+		},
+		{
+			name:     "a process left holding stdout",
+			body:     `sleep 30 & echo '{}'`,
+			call:     func(d *Exec) error { return d.Kill(context.Background(), n) },
+			wantKind: "exec",
+			wantText: []string{"still holds its stdout"},
+		},
+		{
+			name:     "two JSON values",
+			body:     `echo '{}{}'`,
+			call:     func(d *Exec) error { return d.Cleanup(context.Background(), n) },
+			wantKind: "malformed",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := NewExec(fakeDriver(t, tt.body), short)
+			if err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			err = tt.call(d)
+			if tt.wantKind == "" {
+				if err != nil {
+					t.Fatalf("want success, got %v", err)
+				}
+				return
+			}
+			var de *Error
+			if !errors.As(err, &de) {
+				t.Fatalf("want a driver Error of kind %s, got %v", tt.wantKind, err)
+			}
+			if de.Kind != tt.wantKind {
+				t.Errorf("kind %q, want %q: %v", de.Kind, tt.wantKind, err)
+			}
+			for _, w := range tt.wantText {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error lacks %q:\n%v", w, err)
+				}
+			}
+			if d := time.Since(start); d > 10*time.Second {
+				t.Errorf("call took %s; a hung driver must be cut off at its deadline", d)
+			}
+		})
+	}
+}
+
+func TestNewExecNamesTheFix(t *testing.T) {
+	_, err := NewExec("/nonexistent/driver", DefaultTimeouts)
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/driver") {
+		t.Fatalf("want an error naming the path, got %v", err)
+	}
+	p := filepath.Join(t.TempDir(), "notexec")
+	os.WriteFile(p, []byte("x"), 0o644)
+	if _, err := NewExec(p, DefaultTimeouts); err == nil || !strings.Contains(err.Error(), "chmod +x") {
+		t.Fatalf("want an error naming chmod, got %v", err)
+	}
+}
