@@ -1,0 +1,363 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The clsact filters of the datapath: this priority and handle on each
+// direction, named with this prefix.
+const (
+	ClsactPriority     = 0xdc0
+	ClsactHandle       = 0xdc
+	ClsactFilterPrefix = "dpc_"
+)
+
+type direction int
+
+const (
+	ingress direction = iota
+	egress
+)
+
+var directions = []direction{ingress, egress}
+
+func (dir direction) String() string {
+	if dir == ingress {
+		return "ingress"
+	}
+	return "egress"
+}
+
+func (dir direction) tcxAttach() ebpf.AttachType {
+	if dir == ingress {
+		return ebpf.AttachTCXIngress
+	}
+	return ebpf.AttachTCXEgress
+}
+
+func (dir direction) clsactParent() uint32 {
+	if dir == ingress {
+		return netlink.HANDLE_MIN_INGRESS
+	}
+	return netlink.HANDLE_MIN_EGRESS
+}
+
+// LinkPinPath is where the tcx link of the interface with this index and
+// direction ("ingress" or "egress") is pinned.
+func LinkPinPath(pinDir string, ifindex int, dir string) string {
+	return filepath.Join(pinDir, LinksDirName, fmt.Sprintf("if%d_%s", ifindex, dir))
+}
+
+func ifindexByName(name string) (int, error) {
+	l, err := netlink.LinkByName(name)
+	if err != nil {
+		return 0, fmt.Errorf("interface %s: %w", name, err)
+	}
+	return l.Attrs().Index, nil
+}
+
+// AttachHost attaches the host interface programs to the interface with
+// this index, on ingress and egress. If they are attached already (by this
+// or an earlier run), their programs are replaced in place, atomically.
+func (d *Datapath) AttachHost(ifindex int) error {
+	if err := d.attach(ifindex, ingress, d.objs.TcHostIngress, "dpc_host_ingress"); err != nil {
+		return err
+	}
+	return d.attach(ifindex, egress, d.objs.TcHostEgress, "dpc_host_egress")
+}
+
+// AttachHostByName is AttachHost for the interface with this name.
+func (d *Datapath) AttachHostByName(ifname string) error {
+	i, err := ifindexByName(ifname)
+	if err != nil {
+		return fmt.Errorf("attach host: %w", err)
+	}
+	return d.AttachHost(i)
+}
+
+// DetachHost detaches the host interface programs from the interface with
+// this index. Detaching what is not attached is not an error.
+func (d *Datapath) DetachHost(ifindex int) error {
+	var errs []error
+	for _, dir := range directions {
+		errs = append(errs, detachTCX(d.pinDir, ifindex, dir), detachClsact(ifindex, dir))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("detach host ifindex %d: %w", ifindex, err)
+	}
+	return nil
+}
+
+// AttachEndpoint records the endpoint state of a workload's host-side
+// interface, then attaches the endpoint programs to it: ingress sees the
+// traffic from the workload, egress the traffic to it. Attaching again
+// updates the state and replaces the programs in place, atomically.
+func (d *Datapath) AttachEndpoint(ifindex int, podIP netip.Addr, flags EndpointFlags) error {
+	if ifindex <= 0 {
+		return fmt.Errorf("attach endpoint: bad ifindex %d", ifindex)
+	}
+	if err := d.endpoints.Put(uint32(ifindex), EndpointValue{PodIP: podIP, Flags: flags}); err != nil {
+		return fmt.Errorf("attach endpoint %s: %w", podIP, err)
+	}
+	if err := d.attach(ifindex, ingress, d.objs.TcEpIngress, "dpc_ep_ingress"); err != nil {
+		return err
+	}
+	return d.attach(ifindex, egress, d.objs.TcEpEgress, "dpc_ep_egress")
+}
+
+// AttachEndpointByName is AttachEndpoint for the interface with this name.
+func (d *Datapath) AttachEndpointByName(ifname string, podIP netip.Addr, flags EndpointFlags) error {
+	i, err := ifindexByName(ifname)
+	if err != nil {
+		return fmt.Errorf("attach endpoint: %w", err)
+	}
+	return d.AttachEndpoint(i, podIP, flags)
+}
+
+// DetachEndpoint detaches the endpoint programs from the interface with this
+// index and then forgets its endpoint state. The interface may be gone
+// already. Detaching what is not attached is not an error.
+func (d *Datapath) DetachEndpoint(ifindex int) error {
+	var errs []error
+	for _, dir := range directions {
+		errs = append(errs, detachTCX(d.pinDir, ifindex, dir), detachClsact(ifindex, dir))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("detach endpoint ifindex %d: %w", ifindex, err)
+	}
+	if err := d.endpoints.Delete(uint32(ifindex)); err != nil {
+		return fmt.Errorf("detach endpoint ifindex %d: %w", ifindex, err)
+	}
+	return nil
+}
+
+// DetachEndpointByName is DetachEndpoint for the interface with this name.
+func (d *Datapath) DetachEndpointByName(ifname string) error {
+	i, err := ifindexByName(ifname)
+	if err != nil {
+		return fmt.Errorf("detach endpoint: %w", err)
+	}
+	return d.DetachEndpoint(i)
+}
+
+func (d *Datapath) attach(ifindex int, dir direction, prog *ebpf.Program, name string) error {
+	var err error
+	if d.mode == AttachTCX {
+		err = attachTCX(d.pinDir, ifindex, dir, prog)
+	} else {
+		err = attachClsact(d.pinDir, ifindex, dir, prog, name)
+	}
+	if err != nil {
+		return fmt.Errorf("attach %s to ifindex %d (%s): %w", name, ifindex, d.mode, err)
+	}
+	return nil
+}
+
+// attachTCX updates the pinned tcx link of the interface and direction in
+// place, or creates and pins one; then it removes a clsact filter that an
+// earlier run may have left (tcx runs first, so there is no gap and no double
+// processing meanwhile).
+func attachTCX(pinDir string, ifindex int, dir direction, prog *ebpf.Program) error {
+	pin := LinkPinPath(pinDir, ifindex, dir.String())
+	l, err := link.LoadPinnedLink(pin, nil)
+	switch {
+	case err == nil:
+		info, ierr := l.Info()
+		if ierr == nil && info.TCX() != nil && int(info.TCX().Ifindex) == ifindex &&
+			ebpf.AttachType(info.TCX().AttachType) == dir.tcxAttach() {
+			err := l.Update(prog)
+			l.Close()
+			if err != nil {
+				return fmt.Errorf("update pinned tcx link %s: %w", pin, err)
+			}
+			return detachClsact(ifindex, dir)
+		}
+		// A link whose interface has gone (or not a tcx link): stale.
+		err = l.Unpin()
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("unpin stale link %s: %w", pin, err)
+		}
+	case errors.Is(err, os.ErrNotExist):
+	default:
+		return fmt.Errorf("load pinned link %s: %w", pin, err)
+	}
+
+	if err := os.MkdirAll(filepath.Dir(pin), 0o700); err != nil {
+		return fmt.Errorf("create links directory: %w", err)
+	}
+	l, err = link.AttachTCX(link.TCXOptions{Interface: ifindex, Program: prog, Attach: dir.tcxAttach()})
+	if err != nil {
+		return fmt.Errorf("tcx %s: %w", dir, err)
+	}
+	defer l.Close()
+	if err := l.Pin(pin); err != nil {
+		return fmt.Errorf("pin tcx link %s: %w", pin, err)
+	}
+	return detachClsact(ifindex, dir)
+}
+
+// detachTCX detaches and unpins the tcx link of the interface and direction,
+// if there is one.
+func detachTCX(pinDir string, ifindex int, dir direction) error {
+	return unpinLink(LinkPinPath(pinDir, ifindex, dir.String()))
+}
+
+func unpinLink(pin string) error {
+	l, err := link.LoadPinnedLink(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		// Not a link we can load: drop the pin all the same.
+		if rerr := os.Remove(pin); rerr != nil && !errors.Is(rerr, os.ErrNotExist) {
+			return fmt.Errorf("remove pin %s: %w", pin, errors.Join(err, rerr))
+		}
+		return nil
+	}
+	defer l.Close()
+	// Detach even if someone else holds a file descriptor of the link.
+	if err := l.Detach(); err != nil && !errors.Is(err, link.ErrNotSupported) {
+		info, ierr := l.Info()
+		defunct := ierr == nil && info.TCX() != nil && info.TCX().Ifindex == 0
+		if !defunct && !errors.Is(err, unix.ENOLINK) && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("detach link %s: %w", pin, err)
+		}
+	}
+	if err := l.Unpin(); err != nil {
+		return fmt.Errorf("unpin link %s: %w", pin, err)
+	}
+	return nil
+}
+
+// attachClsact creates or atomically replaces the datapath's bpf filter on
+// the clsact qdisc of the interface, then detaches a tcx link that an earlier
+// run may have left.
+func attachClsact(pinDir string, ifindex int, dir direction, prog *ebpf.Program, name string) error {
+	qdisc := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
+		LinkIndex: ifindex,
+		Handle:    netlink.MakeHandle(0xffff, 0),
+		Parent:    netlink.HANDLE_CLSACT,
+	}}
+	if err := netlink.QdiscAdd(qdisc); err != nil && !errors.Is(err, unix.EEXIST) {
+		if errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("kernel lacks the clsact qdisc (sch_ingress): %w", err)
+		}
+		return fmt.Errorf("add clsact qdisc: %w", err)
+	}
+	filter := &netlink.BpfFilter{
+		FilterAttrs: netlink.FilterAttrs{
+			LinkIndex: ifindex,
+			Parent:    dir.clsactParent(),
+			Handle:    ClsactHandle,
+			Protocol:  unix.ETH_P_ALL,
+			Priority:  ClsactPriority,
+		},
+		Fd:           prog.FD(),
+		Name:         name,
+		DirectAction: true,
+	}
+	if err := netlink.FilterReplace(filter); err != nil {
+		return fmt.Errorf("replace clsact %s filter: %w", dir, err)
+	}
+	return detachTCX(pinDir, ifindex, dir)
+}
+
+// ours reports whether f is a filter of the datapath.
+func ours(f netlink.Filter) bool {
+	bf, ok := f.(*netlink.BpfFilter)
+	return ok && bf.Priority == ClsactPriority && bf.Handle == ClsactHandle &&
+		strings.HasPrefix(bf.Name, ClsactFilterPrefix)
+}
+
+// detachClsact deletes the datapath's clsact filter of the interface and
+// direction, if there is one. The qdisc stays: others may use it.
+func detachClsact(ifindex int, dir direction) error {
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		var notFound netlink.LinkNotFoundError
+		if errors.As(err, &notFound) || errors.Is(err, unix.ENODEV) {
+			return nil
+		}
+		return fmt.Errorf("interface %d: %w", ifindex, err)
+	}
+	return detachClsactLink(l, dir)
+}
+
+func detachClsactLink(l netlink.Link, dir direction) error {
+	qdiscs, err := netlink.QdiscList(l)
+	if err != nil {
+		return fmt.Errorf("list qdiscs of %s: %w", l.Attrs().Name, err)
+	}
+	hasClsact := false
+	for _, q := range qdiscs {
+		if q.Type() == "clsact" {
+			hasClsact = true
+		}
+	}
+	if !hasClsact {
+		return nil
+	}
+	filters, err := netlink.FilterList(l, dir.clsactParent())
+	if err != nil {
+		return fmt.Errorf("list %s filters of %s: %w", dir, l.Attrs().Name, err)
+	}
+	for _, f := range filters {
+		if !ours(f) {
+			continue
+		}
+		if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("delete %s filter of %s: %w", dir, l.Attrs().Name, err)
+		}
+	}
+	return nil
+}
+
+// Remove detaches every program of the datapath in the current network
+// namespace (pinned tcx links and clsact filters) and unpins its maps from
+// pinDir: what an agent's cleanup does. Programs and maps are freed once no
+// one else holds them. Removing what is not there is not an error.
+func Remove(pinDir string) error {
+	var errs []error
+	linksDir := filepath.Join(pinDir, LinksDirName)
+	entries, err := os.ReadDir(linksDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("list pinned links: %w", err))
+	}
+	for _, e := range entries {
+		errs = append(errs, unpinLink(filepath.Join(linksDir, e.Name())))
+	}
+	if err := os.Remove(linksDir); err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("remove links directory: %w", err))
+	}
+
+	links, err := netlink.LinkList()
+	if err != nil {
+		errs = append(errs, fmt.Errorf("list interfaces: %w", err))
+	}
+	for _, l := range links {
+		for _, dir := range directions {
+			errs = append(errs, detachClsactLink(l, dir))
+		}
+	}
+
+	for _, name := range mapNames {
+		if err := os.Remove(filepath.Join(pinDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpin map %s: %w", name, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("remove datapath from %s: %w", pinDir, err)
+	}
+	return nil
+}

@@ -1,0 +1,154 @@
+package bpf
+
+import (
+	"encoding"
+	"os"
+	"regexp"
+	"strconv"
+	"testing"
+
+	"github.com/cilium/ebpf/btf"
+)
+
+// TestLayoutMatchesBTF checks the Go mirrors against the C structs, as the
+// compiler laid them out in the committed object.
+func TestLayoutMatchesBTF(t *testing.T) {
+	spec, err := loadDatapath()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		goValue encoding.BinaryMarshaler
+		size    int
+		offsets map[string]uint32 // bytes
+	}{
+		{"frontend_key", FrontendKey{}, frontendKeySize, map[string]uint32{"addr": 0, "port": 4, "proto": 6}},
+		{"frontend_value", FrontendValue{}, frontendValueSize, map[string]uint32{"service_id": 0, "backend_count": 4, "flags": 8}},
+		{"backend_key", BackendKey{}, backendKeySize, map[string]uint32{"service_id": 0, "index": 4}},
+		{"backend_value", BackendValue{}, backendValueSize, map[string]uint32{"addr": 0, "port": 4}},
+		{"ct_key", ConntrackKey{}, conntrackKeySize, map[string]uint32{"src": 0, "dst": 4, "sport": 8, "dport": 10, "proto": 12}},
+		{"ct_value", ConntrackValue{}, conntrackValueSize, map[string]uint32{
+			"created_ns": 0, "last_seen_ns": 8, "flags": 16, "service_id": 20, "nat_addr": 24, "nat_port": 28, "snat_port": 30,
+		}},
+		{"endpoint_value", EndpointValue{}, endpointValueSize, map[string]uint32{"pod_ip": 0, "flags": 4}},
+		{"config_value", Config{}, configValueSize, map[string]uint32{"host_ip": 0, "host_ifindex": 4, "flags": 8}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var s *btf.Struct
+			if err := spec.Types.TypeByName(tc.name, &s); err != nil {
+				t.Fatalf("struct %s in BTF: %v", tc.name, err)
+			}
+			if int(s.Size) != tc.size {
+				t.Errorf("sizeof(struct %s) = %d, Go mirror uses %d", tc.name, s.Size, tc.size)
+			}
+			b, err := tc.goValue.MarshalBinary()
+			if err != nil || len(b) != int(s.Size) {
+				t.Errorf("Go mirror marshals to %d bytes (%v), C struct has %d", len(b), err, s.Size)
+			}
+			seen := 0
+			for _, m := range s.Members {
+				want, ok := tc.offsets[m.Name]
+				if !ok {
+					continue
+				}
+				seen++
+				if got := m.Offset.Bytes(); got != want {
+					t.Errorf("%s.%s at offset %d, Go mirror uses %d", tc.name, m.Name, got, want)
+				}
+			}
+			if seen != len(tc.offsets) {
+				t.Errorf("struct %s lacks members the Go mirror uses: %v", tc.name, tc.offsets)
+			}
+		})
+	}
+
+	// The maps use these types.
+	for name, kv := range map[string][2]string{
+		FrontendsMapName: {"frontend_key", "frontend_value"},
+		BackendsMapName:  {"backend_key", "backend_value"},
+		ConntrackMapName: {"ct_key", "ct_value"},
+		EndpointsMapName: {"__u32", "endpoint_value"},
+		ConfigMapName:    {"__u32", "config_value"},
+	} {
+		m := spec.Maps[name]
+		if m == nil {
+			t.Errorf("no map %s", name)
+			continue
+		}
+		if m.Key.TypeName() != kv[0] || m.Value.TypeName() != kv[1] {
+			t.Errorf("map %s: %s -> %s, want %s -> %s", name, m.Key.TypeName(), m.Value.TypeName(), kv[0], kv[1])
+		}
+	}
+}
+
+// TestConstantsMatchHeader checks the Go constants against the #defines of
+// datapath.h.
+func TestConstantsMatchHeader(t *testing.T) {
+	header, err := os.ReadFile("datapath.h")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defines := map[string]uint64{}
+	re := regexp.MustCompile(`(?m)^#define\s+(DPC_\w+)\s+\(?(0x[0-9a-fA-F]+|\d+)(U\s*<<\s*(\d+)\))?`)
+	for _, m := range re.FindAllStringSubmatch(string(header), -1) {
+		v, err := strconv.ParseUint(m[2], 0, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m[4] != "" {
+			shift, _ := strconv.Atoi(m[4])
+			v <<= shift
+		}
+		defines[m[1]] = v
+	}
+	for name, goValue := range map[string]uint64{
+		"DPC_MARK_MASK":        uint64(MarkMask),
+		"DPC_MARK_SEEN":        uint64(MarkSeen),
+		"DPC_MARK_FALLTHROUGH": uint64(MarkFallthrough),
+		"DPC_FRONTENDS_MAX":    MaxFrontends,
+		"DPC_BACKENDS_MAX":     MaxBackends,
+		"DPC_ENDPOINTS_MAX":    MaxEndpoints,
+		"DPC_SNAT_PORT_MIN":    SNATPortMin,
+		"DPC_SNAT_PORT_MAX":    SNATPortMax,
+		"DPC_CT_REPLY":         uint64(ConntrackReply),
+		"DPC_CT_DNAT":          uint64(ConntrackDNAT),
+		"DPC_CT_HOST_INGRESS":  uint64(ConntrackHostIngress),
+		"DPC_CT_SNAT":          uint64(ConntrackSNAT),
+		"DPC_CT_SNAT_REPLY":    uint64(ConntrackSNATReply),
+		"DPC_EP_ANTISPOOF":     uint64(EndpointAntiSpoof),
+	} {
+		c, ok := defines[name]
+		if !ok {
+			t.Errorf("datapath.h does not define %s", name)
+			continue
+		}
+		if c != goValue {
+			t.Errorf("%s is %#x in datapath.h, %#x in Go", name, c, goValue)
+		}
+	}
+	if MarkSeen&MarkMask != MarkSeen || MarkFallthrough&MarkMask != MarkFallthrough || MarkSeen == MarkFallthrough {
+		t.Error("marks must be distinct and within MarkMask")
+	}
+}
+
+func TestMarshalRoundTrip(t *testing.T) {
+	k := ConntrackKey{Src: ip("10.0.0.1"), Dst: ip("10.0.0.2"), SrcPort: 1, DstPort: 65535, Proto: UDP}
+	b, err := k.MarshalBinary()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back ConntrackKey
+	if err := back.UnmarshalBinary(b); err != nil || back != k {
+		t.Errorf("round trip %v -> % x -> %v (%v)", k, b, back, err)
+	}
+	if k.Reverse().Reverse() != k {
+		t.Error("Reverse is not an involution")
+	}
+	if _, err := (FrontendKey{Addr: ip("fd00::1")}).MarshalBinary(); err == nil {
+		t.Error("IPv6 frontend accepted")
+	}
+	if b, _ := (FrontendKey{Addr: ip("10.96.0.1"), Port: 443, Proto: TCP}).MarshalBinary(); string(b) != "\x0a\x60\x00\x01\x01\xbb\x06\x00" {
+		t.Errorf("frontend key wire format % x", b)
+	}
+}

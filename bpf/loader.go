@@ -1,0 +1,333 @@
+package bpf
+
+//go:generate go tool bpf2go -cc clang -target bpfel -no-global-types datapath datapath.c -- -Wall -Werror -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/features"
+	"github.com/cilium/ebpf/link"
+	"github.com/cilium/ebpf/rlimit"
+	"golang.org/x/sys/unix"
+)
+
+// Names of the datapath's maps, which are also their pin names in the pin
+// directory.
+const (
+	FrontendsMapName = "dpc_frontends"
+	BackendsMapName  = "dpc_backends"
+	ConntrackMapName = "dpc_conntrack"
+	EndpointsMapName = "dpc_endpoints"
+	ConfigMapName    = "dpc_config"
+	// PreviousConntrackPinName is where Open moves a pinned conntrack map
+	// that does not fit the requested one (another size or layout), until
+	// Datapath.MigrateConntrack has copied it.
+	PreviousConntrackPinName = "dpc_conntrack_old"
+	// LinksDirName is the subdirectory of the pin directory that holds the
+	// pinned tcx links, one per interface and direction.
+	LinksDirName = "links"
+)
+
+var mapNames = []string{FrontendsMapName, BackendsMapName, ConntrackMapName, EndpointsMapName, ConfigMapName, PreviousConntrackPinName}
+
+// DefaultConntrackSize is the conntrack capacity (entries; a flow takes two)
+// when Options.ConntrackSize is 0.
+const DefaultConntrackSize = 65536
+
+// Options tune Open.
+type Options struct {
+	// ConntrackSize is the capacity of the conntrack LRU map, in entries.
+	// 0 means DefaultConntrackSize. If the pinned conntrack map has another
+	// size, Open pins a new one and keeps the old one for MigrateConntrack.
+	ConntrackSize uint32
+	// UnpinnedConntrack is a fault switch ("unpinned-conntrack"), off by
+	// default: the conntrack map is neither adopted from nor pinned in the
+	// pin directory, so conntrack state is lost on every Open.
+	UnpinnedConntrack bool
+	// ForceClsact attaches with clsact tc filters even where the kernel has
+	// tcx links.
+	ForceClsact bool
+}
+
+// AttachMode says how programs are attached to interfaces.
+type AttachMode string
+
+// Attach modes.
+const (
+	// AttachTCX uses tcx links (Linux 6.6+), pinned in the pin directory.
+	AttachTCX AttachMode = "tcx"
+	// AttachClsact uses direct-action bpf filters on a clsact qdisc, which
+	// hold their program without a pin.
+	AttachClsact AttachMode = "clsact"
+)
+
+// Datapath is the loaded reference datapath: its programs and its maps,
+// adopted from the pin directory where a previous run left them.
+type Datapath struct {
+	pinDir string
+	opts   Options
+	mode   AttachMode
+	objs   datapathObjects
+	prevCT *ebpf.Map
+
+	frontends *Map[FrontendKey, FrontendValue]
+	backends  *Map[BackendKey, BackendValue]
+	conntrack *Map[ConntrackKey, ConntrackValue]
+	endpoints *Map[uint32, EndpointValue]
+	config    *Map[uint32, Config]
+}
+
+// CheckKernel returns an error naming the first kernel feature that the
+// datapath needs and the running kernel lacks.
+func CheckKernel() error {
+	if err := features.HaveProgramType(ebpf.SchedCLS); err != nil {
+		return fmt.Errorf("kernel lacks BPF program type sched_cls (tc hooks): %w", err)
+	}
+	for _, mt := range []ebpf.MapType{ebpf.Hash, ebpf.LRUHash, ebpf.Array} {
+		if err := features.HaveMapType(mt); err != nil {
+			return fmt.Errorf("kernel lacks BPF map type %s: %w", mt, err)
+		}
+	}
+	for _, fn := range []asm.BuiltinFunc{
+		asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnL3CsumReplace,
+		asm.FnL4CsumReplace, asm.FnKtimeGetNs,
+	} {
+		if err := features.HaveProgramHelper(ebpf.SchedCLS, fn); err != nil {
+			return fmt.Errorf("kernel lacks BPF helper %s for tc programs: %w", fn, err)
+		}
+	}
+	return nil
+}
+
+var haveTCX = sync.OnceValue(func() error {
+	prog, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Type:         ebpf.SchedCLS,
+		License:      "MIT",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 0), asm.Return()},
+	})
+	if err != nil {
+		return fmt.Errorf("probe tcx: load program: %w", err)
+	}
+	defer prog.Close()
+	// An interface index that cannot exist: a kernel with tcx says ENODEV,
+	// and the link package reports ErrNotSupported for one without.
+	l, err := link.AttachTCX(link.TCXOptions{Interface: int(^uint32(0)), Program: prog, Attach: ebpf.AttachTCXIngress})
+	if err == nil {
+		l.Close()
+		return nil
+	}
+	if errors.Is(err, ebpf.ErrNotSupported) {
+		return fmt.Errorf("kernel lacks tcx links (Linux 6.6+): %w", err)
+	}
+	if errors.Is(err, unix.ENODEV) {
+		return nil
+	}
+	return fmt.Errorf("probe tcx: %w", err)
+})
+
+// HaveTCX returns nil if the kernel can attach tc programs with tcx links,
+// else an error wrapping ebpf.ErrNotSupported.
+func HaveTCX() error { return haveTCX() }
+
+func checkPinDir(dir string) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(dir, &st); err != nil {
+		return fmt.Errorf("pin directory %s: %w", dir, err)
+	}
+	if st.Type != unix.BPF_FS_MAGIC {
+		return fmt.Errorf("pin directory %s is not on a bpf filesystem (mount -t bpf bpf DIR)", dir)
+	}
+	return nil
+}
+
+// Open loads the datapath's programs and maps, adopting the maps already
+// pinned by name in pinDir (a directory on a bpffs) and pinning the others
+// there, so that state survives the agent. Programs are attached only by
+// the Attach methods. The conntrack map is adopted only if it fits
+// opts.ConntrackSize; otherwise a new one is pinned and the old one kept for
+// MigrateConntrack.
+func Open(pinDir string, opts Options) (*Datapath, error) {
+	if opts.ConntrackSize == 0 {
+		opts.ConntrackSize = DefaultConntrackSize
+	}
+	if err := CheckKernel(); err != nil {
+		return nil, err
+	}
+	if err := checkPinDir(pinDir); err != nil {
+		return nil, err
+	}
+	// A no-op on kernels that account BPF memory to cgroups (5.11+).
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return nil, fmt.Errorf("raise memlock limit: %w", err)
+	}
+
+	d := &Datapath{pinDir: pinDir, opts: opts, mode: AttachTCX}
+	if opts.ForceClsact {
+		d.mode = AttachClsact
+	} else if err := HaveTCX(); err != nil {
+		if !errors.Is(err, ebpf.ErrNotSupported) {
+			return nil, err
+		}
+		d.mode = AttachClsact
+	}
+
+	spec, err := loadDatapath()
+	if err != nil {
+		return nil, fmt.Errorf("load datapath spec: %w", err)
+	}
+	ctSpec := spec.Maps[ConntrackMapName]
+	ctSpec.MaxEntries = opts.ConntrackSize
+	if opts.UnpinnedConntrack {
+		ctSpec.Pinning = ebpf.PinNone
+	} else if d.prevCT, err = setAsideConntrack(pinDir, ctSpec); err != nil {
+		return nil, err
+	}
+
+	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}})
+	if err != nil {
+		d.closePrev()
+		if errors.Is(err, ebpf.ErrMapIncompatible) {
+			return nil, fmt.Errorf("load datapath: a map pinned in %s has another layout (remove it with bpf.Remove): %w", pinDir, err)
+		}
+		return nil, fmt.Errorf("load datapath: %w", err)
+	}
+
+	d.frontends = newMap[FrontendKey, FrontendValue](FrontendsMapName, d.objs.DpcFrontends)
+	d.backends = newMap[BackendKey, BackendValue](BackendsMapName, d.objs.DpcBackends)
+	d.conntrack = newMap[ConntrackKey, ConntrackValue](ConntrackMapName, d.objs.DpcConntrack)
+	d.endpoints = newMap[uint32, EndpointValue](EndpointsMapName, d.objs.DpcEndpoints)
+	d.config = newMap[uint32, Config](ConfigMapName, d.objs.DpcConfig)
+	return d, nil
+}
+
+// setAsideConntrack moves a pinned conntrack map that does not fit spec to
+// PreviousConntrackPinName, and returns the map pinned there, if any.
+func setAsideConntrack(pinDir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
+	cur := filepath.Join(pinDir, ConntrackMapName)
+	old := filepath.Join(pinDir, PreviousConntrackPinName)
+	m, err := ebpf.LoadPinnedMap(cur, nil)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("load pinned conntrack %s: %w", cur, err)
+	default:
+		incompatible := spec.Compatible(m)
+		m.Close()
+		if incompatible != nil {
+			// An older pending copy is superseded by this one.
+			if err := os.Remove(old); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return nil, fmt.Errorf("remove superseded %s: %w", old, err)
+			}
+			if err := os.Rename(cur, old); err != nil {
+				return nil, fmt.Errorf("set aside conntrack that does not fit (%v): %w", incompatible, err)
+			}
+		}
+	}
+	m, err = ebpf.LoadPinnedMap(old, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load previous conntrack %s: %w", old, err)
+	}
+	return m, nil
+}
+
+func (d *Datapath) closePrev() {
+	if d.prevCT != nil {
+		d.prevCT.Close()
+		d.prevCT = nil
+	}
+}
+
+// Close releases the datapath's file descriptors. Pinned maps and attached
+// programs stay: traffic keeps flowing while no agent runs.
+func (d *Datapath) Close() error {
+	d.closePrev()
+	if err := d.objs.Close(); err != nil {
+		return fmt.Errorf("close datapath objects: %w", err)
+	}
+	return nil
+}
+
+// PinDir is the pin directory the datapath was opened with.
+func (d *Datapath) PinDir() string { return d.pinDir }
+
+// Mode is how the datapath attaches programs: tcx where the kernel has it
+// (unless Options.ForceClsact), clsact otherwise.
+func (d *Datapath) Mode() AttachMode { return d.mode }
+
+// Frontends is the NAT frontend map.
+func (d *Datapath) Frontends() *Map[FrontendKey, FrontendValue] { return d.frontends }
+
+// Backends is the NAT backend map.
+func (d *Datapath) Backends() *Map[BackendKey, BackendValue] { return d.backends }
+
+// Conntrack is the conntrack map (an LRU hash, two entries per flow).
+func (d *Datapath) Conntrack() *Map[ConntrackKey, ConntrackValue] { return d.conntrack }
+
+// Endpoints is the endpoint state map, keyed by the ifindex of a workload's
+// host-side interface.
+func (d *Datapath) Endpoints() *Map[uint32, EndpointValue] { return d.endpoints }
+
+// SetConfig records the node's host IP and host interface index.
+func (d *Datapath) SetConfig(hostIP netip.Addr, hostIfindex int) error {
+	if err := d.config.Put(0, Config{HostIP: hostIP, HostIfindex: uint32(hostIfindex)}); err != nil {
+		return fmt.Errorf("set config: %w", err)
+	}
+	return nil
+}
+
+// Config returns what SetConfig recorded (zero values before it).
+func (d *Datapath) Config() (Config, error) {
+	return d.config.Lookup(0)
+}
+
+// PreviousConntrack returns the conntrack map that a previous run pinned
+// with another size or layout, if it has not been migrated yet, else nil.
+func (d *Datapath) PreviousConntrack() *ebpf.Map { return d.prevCT }
+
+// MigrateConntrack copies the entries of the previous conntrack map into the
+// current one (entries the current map already has win), then unpins and
+// releases the previous map. Call it after the programs have been attached,
+// so that no program writes the previous map any more. It returns the number
+// of entries copied; with no previous map it does nothing.
+func (d *Datapath) MigrateConntrack() (int, error) {
+	if d.prevCT == nil {
+		return 0, nil
+	}
+	var (
+		k ConntrackKey
+		v ConntrackValue
+		n int
+	)
+	it := d.prevCT.Iterate()
+	for it.Next(&k, &v) {
+		err := d.objs.DpcConntrack.Update(k, v, ebpf.UpdateNoExist)
+		if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
+			return n, fmt.Errorf("migrate conntrack entry %v: %w", k, err)
+		}
+		if err == nil {
+			n++
+		}
+	}
+	if err := it.Err(); err != nil {
+		return n, fmt.Errorf("migrate conntrack: iterate previous map: %w", err)
+	}
+	if err := d.prevCT.Unpin(); err != nil {
+		return n, fmt.Errorf("migrate conntrack: unpin previous map: %w", err)
+	}
+	// Loaded from a pin, the map may not know its path: make sure it is gone.
+	if err := os.Remove(filepath.Join(d.pinDir, PreviousConntrackPinName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return n, fmt.Errorf("migrate conntrack: remove previous pin: %w", err)
+	}
+	d.closePrev()
+	return n, nil
+}

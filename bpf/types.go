@@ -1,0 +1,401 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+)
+
+// Packet marks, mirrored from DPC_MARK_* in datapath.h. The datapath sets one
+// of them (within MarkMask, leaving the other bits of skb->mark alone) on the
+// packets it handles, so that the node's iptables FORWARD and INPUT chains can
+// accept each class:
+//
+//	-m mark --mark 0x1000000/0xf000000 -j ACCEPT
+//	-m mark --mark 0x2000000/0xf000000 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+const (
+	// MarkMask covers the mark bits that belong to the datapath.
+	MarkMask uint32 = 0x0f000000
+	// MarkSeen is set on every packet that BPF conntrack tracks (and NATs, if
+	// its flow needs NAT). Such a packet is accepted unconditionally.
+	MarkSeen uint32 = 0x01000000
+	// MarkFallthrough is set on a TCP packet in the middle of a flow (no SYN)
+	// that BPF conntrack does not know, e.g. one that predates the datapath.
+	// The packet is passed on unchanged (TC_ACT_OK) for the Linux stack, whose
+	// conntrack may know it: accept it only if ESTABLISHED or RELATED.
+	MarkFallthrough uint32 = 0x02000000
+)
+
+// Port range of the source ports that NodePort SNAT uses (DPC_SNAT_PORT_*):
+// above Linux's default ip_local_port_range, to stay clear of the node's own
+// connections.
+const (
+	SNATPortMin = 61000
+	SNATPortMax = 65535
+)
+
+// Capacities of the maps that are not sized at load time (DPC_*_MAX).
+const (
+	MaxFrontends = 16384
+	MaxBackends  = 65536
+	MaxEndpoints = 4096
+)
+
+// ErrNotIPv4 is returned when an address given to the datapath is not IPv4.
+var ErrNotIPv4 = errors.New("not an IPv4 address")
+
+// Proto is an IP protocol number as the datapath stores it.
+type Proto uint8
+
+// The protocols the datapath handles.
+const (
+	TCP Proto = 6
+	UDP Proto = 17
+)
+
+// String returns "TCP", "UDP" or the protocol number.
+func (p Proto) String() string {
+	switch p {
+	case TCP:
+		return "TCP"
+	case UDP:
+		return "UDP"
+	}
+	return fmt.Sprintf("proto(%d)", uint8(p))
+}
+
+func putAddr(b []byte, a netip.Addr, what string) error {
+	if a == (netip.Addr{}) {
+		copy(b, []byte{0, 0, 0, 0})
+		return nil
+	}
+	a = a.Unmap()
+	if !a.Is4() {
+		return fmt.Errorf("%s %s: %w", what, a, ErrNotIPv4)
+	}
+	v := a.As4()
+	copy(b, v[:])
+	return nil
+}
+
+func getAddr(b []byte) netip.Addr {
+	return netip.AddrFrom4([4]byte(b[:4]))
+}
+
+func checkLen(b []byte, n int, what string) error {
+	if len(b) != n {
+		return fmt.Errorf("%s: %d bytes, want %d", what, len(b), n)
+	}
+	return nil
+}
+
+// FrontendKey mirrors struct frontend_key: a service frontend. For a
+// ClusterIP it is (cluster IP, port, proto); for a NodePort, (the node's host
+// IP, node port, proto); there is no wildcard frontend.
+type FrontendKey struct {
+	Addr  netip.Addr
+	Port  uint16
+	Proto Proto
+}
+
+const frontendKeySize = 8
+
+// MarshalBinary encodes k as struct frontend_key.
+func (k FrontendKey) MarshalBinary() ([]byte, error) {
+	b := make([]byte, frontendKeySize)
+	if err := putAddr(b[0:4], k.Addr, "frontend"); err != nil {
+		return nil, err
+	}
+	binary.BigEndian.PutUint16(b[4:6], k.Port)
+	b[6] = byte(k.Proto)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct frontend_key.
+func (k *FrontendKey) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, frontendKeySize, "frontend key"); err != nil {
+		return err
+	}
+	*k = FrontendKey{Addr: getAddr(b), Port: binary.BigEndian.Uint16(b[4:6]), Proto: Proto(b[6])}
+	return nil
+}
+
+// String formats k as addr:port/proto.
+func (k FrontendKey) String() string {
+	return fmt.Sprintf("%s/%s", netip.AddrPortFrom(k.Addr, k.Port), k.Proto)
+}
+
+// FrontendValue mirrors struct frontend_value: which backends serve a
+// frontend. Its backends are BackendKey{ServiceID, 0..BackendCount-1}.
+type FrontendValue struct {
+	ServiceID    uint32
+	BackendCount uint32
+	// Flags is reserved and must be 0.
+	Flags uint32
+}
+
+const frontendValueSize = 12
+
+// MarshalBinary encodes v as struct frontend_value.
+func (v FrontendValue) MarshalBinary() ([]byte, error) {
+	b := make([]byte, frontendValueSize)
+	binary.NativeEndian.PutUint32(b[0:], v.ServiceID)
+	binary.NativeEndian.PutUint32(b[4:], v.BackendCount)
+	binary.NativeEndian.PutUint32(b[8:], v.Flags)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct frontend_value.
+func (v *FrontendValue) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, frontendValueSize, "frontend value"); err != nil {
+		return err
+	}
+	*v = FrontendValue{
+		ServiceID:    binary.NativeEndian.Uint32(b[0:]),
+		BackendCount: binary.NativeEndian.Uint32(b[4:]),
+		Flags:        binary.NativeEndian.Uint32(b[8:]),
+	}
+	return nil
+}
+
+// BackendKey mirrors struct backend_key: the Index-th backend of a service.
+type BackendKey struct {
+	ServiceID uint32
+	Index     uint32
+}
+
+const backendKeySize = 8
+
+// MarshalBinary encodes k as struct backend_key.
+func (k BackendKey) MarshalBinary() ([]byte, error) {
+	b := make([]byte, backendKeySize)
+	binary.NativeEndian.PutUint32(b[0:], k.ServiceID)
+	binary.NativeEndian.PutUint32(b[4:], k.Index)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct backend_key.
+func (k *BackendKey) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, backendKeySize, "backend key"); err != nil {
+		return err
+	}
+	*k = BackendKey{ServiceID: binary.NativeEndian.Uint32(b[0:]), Index: binary.NativeEndian.Uint32(b[4:])}
+	return nil
+}
+
+// BackendValue mirrors struct backend_value: where a backend listens.
+type BackendValue struct {
+	Addr netip.Addr
+	Port uint16
+}
+
+const backendValueSize = 8
+
+// MarshalBinary encodes v as struct backend_value.
+func (v BackendValue) MarshalBinary() ([]byte, error) {
+	b := make([]byte, backendValueSize)
+	if err := putAddr(b[0:4], v.Addr, "backend"); err != nil {
+		return nil, err
+	}
+	binary.BigEndian.PutUint16(b[4:6], v.Port)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct backend_value.
+func (v *BackendValue) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, backendValueSize, "backend value"); err != nil {
+		return err
+	}
+	*v = BackendValue{Addr: getAddr(b), Port: binary.BigEndian.Uint16(b[4:6])}
+	return nil
+}
+
+// String formats v as addr:port.
+func (v BackendValue) String() string { return netip.AddrPortFrom(v.Addr, v.Port).String() }
+
+// ConntrackKey mirrors struct ct_key: a flow's tuple in one direction, as it
+// is on the wire where the datapath looks it up.
+type ConntrackKey struct {
+	Src, Dst         netip.Addr
+	SrcPort, DstPort uint16
+	Proto            Proto
+}
+
+const conntrackKeySize = 16
+
+// MarshalBinary encodes k as struct ct_key.
+func (k ConntrackKey) MarshalBinary() ([]byte, error) {
+	b := make([]byte, conntrackKeySize)
+	if err := putAddr(b[0:4], k.Src, "conntrack source"); err != nil {
+		return nil, err
+	}
+	if err := putAddr(b[4:8], k.Dst, "conntrack destination"); err != nil {
+		return nil, err
+	}
+	binary.BigEndian.PutUint16(b[8:10], k.SrcPort)
+	binary.BigEndian.PutUint16(b[10:12], k.DstPort)
+	b[12] = byte(k.Proto)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct ct_key.
+func (k *ConntrackKey) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, conntrackKeySize, "conntrack key"); err != nil {
+		return err
+	}
+	*k = ConntrackKey{
+		Src:     getAddr(b[0:4]),
+		Dst:     getAddr(b[4:8]),
+		SrcPort: binary.BigEndian.Uint16(b[8:10]),
+		DstPort: binary.BigEndian.Uint16(b[10:12]),
+		Proto:   Proto(b[12]),
+	}
+	return nil
+}
+
+// Reverse returns the tuple of the other direction.
+func (k ConntrackKey) Reverse() ConntrackKey {
+	return ConntrackKey{Src: k.Dst, Dst: k.Src, SrcPort: k.DstPort, DstPort: k.SrcPort, Proto: k.Proto}
+}
+
+// String formats k as src:port->dst:port/proto.
+func (k ConntrackKey) String() string {
+	return fmt.Sprintf("%s->%s/%s", netip.AddrPortFrom(k.Src, k.SrcPort), netip.AddrPortFrom(k.Dst, k.DstPort), k.Proto)
+}
+
+// ConntrackFlags mirrors DPC_CT_*.
+type ConntrackFlags uint32
+
+// Conntrack entry flags.
+const (
+	// ConntrackReply: the entry is keyed by the reply tuple of its flow.
+	ConntrackReply ConntrackFlags = 1 << 0
+	// ConntrackDNAT: the flow was DNATed. Original entry: NATAddr/NATPort is
+	// the backend. Reply entry: it is the frontend, restored as the source
+	// where the reply leaves the node.
+	ConntrackDNAT ConntrackFlags = 1 << 1
+	// ConntrackHostIngress: the flow entered the node on the host interface.
+	ConntrackHostIngress ConntrackFlags = 1 << 2
+	// ConntrackSNAT: reply entry of a flow that leaves the host interface
+	// with source (host IP, SNATPort).
+	ConntrackSNAT ConntrackFlags = 1 << 3
+	// ConntrackSNATReply: the entry is keyed by the reply tuple after SNAT
+	// (backend -> host IP:SNAT port); NATAddr/NATPort is the client.
+	ConntrackSNATReply ConntrackFlags = 1 << 4
+)
+
+// ConntrackValue mirrors struct ct_value.
+type ConntrackValue struct {
+	// CreatedNs and LastSeenNs are CLOCK_MONOTONIC nanoseconds.
+	CreatedNs  uint64
+	LastSeenNs uint64
+	Flags      ConntrackFlags
+	ServiceID  uint32
+	NATAddr    netip.Addr
+	NATPort    uint16
+	SNATPort   uint16
+}
+
+const conntrackValueSize = 32
+
+// MarshalBinary encodes v as struct ct_value.
+func (v ConntrackValue) MarshalBinary() ([]byte, error) {
+	b := make([]byte, conntrackValueSize)
+	binary.NativeEndian.PutUint64(b[0:], v.CreatedNs)
+	binary.NativeEndian.PutUint64(b[8:], v.LastSeenNs)
+	binary.NativeEndian.PutUint32(b[16:], uint32(v.Flags))
+	binary.NativeEndian.PutUint32(b[20:], v.ServiceID)
+	if err := putAddr(b[24:28], v.NATAddr, "conntrack NAT"); err != nil {
+		return nil, err
+	}
+	binary.BigEndian.PutUint16(b[28:30], v.NATPort)
+	binary.BigEndian.PutUint16(b[30:32], v.SNATPort)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct ct_value.
+func (v *ConntrackValue) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, conntrackValueSize, "conntrack value"); err != nil {
+		return err
+	}
+	*v = ConntrackValue{
+		CreatedNs:  binary.NativeEndian.Uint64(b[0:]),
+		LastSeenNs: binary.NativeEndian.Uint64(b[8:]),
+		Flags:      ConntrackFlags(binary.NativeEndian.Uint32(b[16:])),
+		ServiceID:  binary.NativeEndian.Uint32(b[20:]),
+		NATAddr:    getAddr(b[24:28]),
+		NATPort:    binary.BigEndian.Uint16(b[28:30]),
+		SNATPort:   binary.BigEndian.Uint16(b[30:32]),
+	}
+	return nil
+}
+
+// EndpointFlags mirrors DPC_EP_*.
+type EndpointFlags uint32
+
+// Endpoint flags.
+const (
+	// EndpointAntiSpoof drops IPv4 packets from the workload whose source is
+	// not its pod IP.
+	EndpointAntiSpoof EndpointFlags = 1 << 0
+)
+
+// EndpointValue mirrors struct endpoint_value, keyed by the ifindex of a
+// workload's host-side interface. The endpoint programs leave alone the
+// traffic of an interface that has no entry.
+type EndpointValue struct {
+	PodIP netip.Addr
+	Flags EndpointFlags
+}
+
+const endpointValueSize = 8
+
+// MarshalBinary encodes v as struct endpoint_value.
+func (v EndpointValue) MarshalBinary() ([]byte, error) {
+	b := make([]byte, endpointValueSize)
+	if err := putAddr(b[0:4], v.PodIP, "pod IP"); err != nil {
+		return nil, err
+	}
+	binary.NativeEndian.PutUint32(b[4:], uint32(v.Flags))
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct endpoint_value.
+func (v *EndpointValue) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, endpointValueSize, "endpoint value"); err != nil {
+		return err
+	}
+	*v = EndpointValue{PodIP: getAddr(b[0:4]), Flags: EndpointFlags(binary.NativeEndian.Uint32(b[4:]))}
+	return nil
+}
+
+// Config mirrors struct config_value, the single entry of dpc_config.
+type Config struct {
+	// HostIP is the node's IP on its host interface: the source of NodePort
+	// SNAT. Until it is set, NodePort traffic to remote backends is not
+	// SNATed.
+	HostIP      netip.Addr
+	HostIfindex uint32
+}
+
+const configValueSize = 16
+
+// MarshalBinary encodes c as struct config_value.
+func (c Config) MarshalBinary() ([]byte, error) {
+	b := make([]byte, configValueSize)
+	if err := putAddr(b[0:4], c.HostIP, "host IP"); err != nil {
+		return nil, err
+	}
+	binary.NativeEndian.PutUint32(b[4:], c.HostIfindex)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct config_value.
+func (c *Config) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, configValueSize, "config value"); err != nil {
+		return err
+	}
+	*c = Config{HostIP: getAddr(b[0:4]), HostIfindex: binary.NativeEndian.Uint32(b[4:])}
+	return nil
+}
