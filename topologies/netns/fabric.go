@@ -146,6 +146,9 @@ func freeFabric() (netip.Prefix, error) {
 			}
 			rp, ok := netip.AddrFromSlice(r.Dst.IP)
 			ones, _ := r.Dst.Mask.Size()
+			if ones == 0 {
+				continue
+			}
 			if ok && netip.PrefixFrom(rp.Unmap(), ones).Overlaps(p) {
 				used = true
 				break

@@ -13,6 +13,10 @@ import (
 	"testing"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
@@ -80,6 +84,22 @@ func runRole(role string, args []string) int {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+	case "kube": // kube KUBECONFIG: list Nodes with client-go, print their names
+		rc, err := clientcmd.BuildConfigFromFlags("", args[0])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		rc.Timeout = 5 * time.Second
+		nodes, err := kubernetes.NewForConfigOrDie(rc).CoreV1().Nodes().List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		for _, n := range nodes.Items {
+			fmt.Println(n.Name)
+		}
+		return 0
 	case "up": // up NODES PODS: bring a topology up and hold it until SIGINT or SIGTERM
 		nodes, _ := strconv.Atoi(args[0])
 		pods, _ := strconv.Atoi(args[1])

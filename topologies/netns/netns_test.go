@@ -142,12 +142,12 @@ var _ = Describe("a 2-node netns topology", Ordered, func() {
 		Expect(env).To(HaveKeyWithValue("DPC_NODE", "node-a"))
 		Expect(env).To(HaveKeyWithValue("DPC_TOPOLOGY", "netns"))
 		Expect(env["DPC_KUBECONFIG"]).To(BeAnExistingFile())
-		// The API server listens on the fabric; reach it from inside the node.
-		host := strings.TrimPrefix(topo.RESTConfig().Host, "https://")
-		name, args := roleCmd("dial", host)
-		cmd := exec.CommandContext(ctx, name, args...)
-		Expect(n.Start(cmd)).To(Succeed())
-		Expect(cmd.Wait()).To(Succeed(), "a TCP connection from node-a to the API server at %s", host)
+		// The API server listens on the fabric: list Nodes with client-go from inside
+		// the node, as an agent would.
+		name, args := roleCmd("kube", env["DPC_KUBECONFIG"])
+		out, err := topologies.Output(ctx, n, name, args...)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(strings.Fields(string(out))).To(ConsistOf("node-a", "node-b"))
 	})
 })
 
