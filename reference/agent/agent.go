@@ -1,0 +1,392 @@
+// Package agent is the reference dataplane's per-node agent (refdp). It watches the API
+// server and the node's addresses and applies, each round and in this order: endpoint
+// programs for local workloads, service NAT state, then iptables. State that must
+// outlive it (maps, program links) is pinned in the node's bpffs, so traffic keeps
+// flowing while the agent is stopped, and a restarted agent adopts it.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dpconform/dpconform/bpf"
+	"github.com/dpconform/dpconform/reference/faults"
+	"github.com/dpconform/dpconform/reference/iptables"
+	"github.com/dpconform/dpconform/reference/services"
+)
+
+// Config configures an agent.
+type Config struct {
+	// Node is the name of this node's Node object.
+	Node string
+	// Kubeconfig is the path of a kubeconfig for the API server.
+	Kubeconfig string
+	// PinDir is where maps and links are pinned (a directory on a bpffs).
+	PinDir string
+	// StateDir holds the status file.
+	StateDir string
+	// HostInterface is the node's interface to the network (default "eth0").
+	HostInterface string
+	// ConntrackSize is the conntrack table's capacity (0: the datapath's default).
+	ConntrackSize uint32
+	// Faults are the defects to reintroduce (self-test only).
+	Faults faults.Set
+	// Log receives the agent's log (default: stderr).
+	Log *slog.Logger
+}
+
+// hostIPDelay is how late host-IP discovery reports under the eager-service-sync
+// fault: long enough to erase NodePort frontends for a measurable time, as in Calico
+// issue 12192 (~0.5 s).
+const hostIPDelay = 400 * time.Millisecond
+
+// Agent is a running agent.
+type Agent struct {
+	cfg    Config
+	log    *slog.Logger
+	dp     *bpf.Datapath
+	syncer *services.Syncer
+	status *statusFile
+
+	kick chan struct{}
+
+	mu      sync.Mutex
+	hostIPs []netip.Addr
+	hostIdx int
+	hostsOK bool // host IPs known
+
+	svcLister   cacheLister
+	sliceLister cacheLister
+	podLister   cacheLister
+	synced      []cache.InformerSynced
+
+	attached      map[string]endpoint // pod key -> endpoint
+	iptablesDone  bool
+	ready         bool
+	lastSyncError string
+}
+
+type endpoint struct {
+	ifindex int
+	ip      netip.Addr
+}
+
+type cacheLister interface{ List() []any }
+
+type indexerLister struct{ cache.Indexer }
+
+func (l indexerLister) List() []any { return l.Indexer.List() }
+
+// Run runs the agent until ctx ends, then leaves the datapath in place and returns.
+func Run(ctx context.Context, cfg Config) error {
+	if cfg.HostInterface == "" {
+		cfg.HostInterface = "eth0"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	if cfg.Node == "" || cfg.Kubeconfig == "" || cfg.PinDir == "" || cfg.StateDir == "" {
+		return errors.New("agent: Node, Kubeconfig, PinDir and StateDir are required")
+	}
+	a := &Agent{cfg: cfg, log: cfg.Log, kick: make(chan struct{}, 1), attached: map[string]endpoint{}}
+	a.status = &statusFile{path: filepath.Join(cfg.StateDir, StatusFile)}
+	if err := a.status.write(false, "starting"); err != nil {
+		return err
+	}
+	defer a.status.write(false, "stopped")
+	if err := os.MkdirAll(cfg.PinDir, 0o700); err != nil {
+		return fmt.Errorf("create pin directory: %w", err)
+	}
+
+	var err error
+	a.dp, err = bpf.Open(cfg.PinDir, bpf.Options{ConntrackSize: cfg.ConntrackSize, UnpinnedConntrack: cfg.Faults.Has(faults.UnpinnedConntrack)})
+	if err != nil {
+		return err
+	}
+	// Close releases file descriptors only: pinned maps and links stay, and with them
+	// the datapath.
+	defer a.dp.Close()
+	a.syncer, err = services.NewSyncer(a.dp.Frontends(), a.dp.Backends(), services.SyncerOptions{
+		RebuildBackendsInPlace: cfg.Faults.Has(faults.RebuildBackendsInPlace),
+	})
+	if err != nil {
+		return err
+	}
+	if cfg.Faults.Has(faults.FlushNATOnStart) {
+		a.log.Warn("fault: flushing NAT maps on start", "fault", faults.FlushNATOnStart)
+		if err := a.syncer.Flush(); err != nil {
+			return err
+		}
+	}
+
+	link, err := netlink.LinkByName(cfg.HostInterface)
+	if err != nil {
+		return fmt.Errorf("host interface %s: %w (set --host-interface)", cfg.HostInterface, err)
+	}
+	a.hostIdx = link.Attrs().Index
+	// NodePort traffic to a remote backend leaves by the interface it came in on; an
+	// ICMP redirect would tell the client to bypass this node, and its NAT.
+	if err := writeSysctl("net/ipv4/conf/all/send_redirects", "0"); err != nil {
+		return err
+	}
+	if err := writeSysctl("net/ipv4/conf/"+cfg.HostInterface+"/send_redirects", "0"); err != nil {
+		return err
+	}
+	if err := a.dp.AttachHost(a.hostIdx); err != nil {
+		return fmt.Errorf("attach to %s: %w", cfg.HostInterface, err)
+	}
+	if n, err := a.dp.MigrateConntrack(); err != nil {
+		return err
+	} else if n > 0 {
+		a.log.Info("migrated conntrack entries from the previous map", "entries", n)
+	}
+
+	kube, err := a.client()
+	if err != nil {
+		return err
+	}
+	go a.watchHostIPs(ctx, link)
+	a.startInformers(ctx, kube)
+	a.status.write(false, "waiting for the datastore and host IPs")
+	return a.loop(ctx)
+}
+
+func (a *Agent) client() (kubernetes.Interface, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", a.cfg.Kubeconfig)
+	if err != nil {
+		return nil, fmt.Errorf("kubeconfig %s: %w", a.cfg.Kubeconfig, err)
+	}
+	rc.QPS, rc.Burst = 100, 200
+	rc.UserAgent = "refdp/" + a.cfg.Node
+	return kubernetes.NewForConfig(rc)
+}
+
+func (a *Agent) startInformers(ctx context.Context, kube kubernetes.Interface) {
+	f := informers.NewSharedInformerFactory(kube, 0)
+	local := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.cfg.Node).String()
+	}))
+	svc := f.Core().V1().Services().Informer()
+	slices := f.Discovery().V1().EndpointSlices().Informer()
+	pods := local.Core().V1().Pods().Informer()
+	h := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { a.poke() },
+		UpdateFunc: func(any, any) { a.poke() },
+		DeleteFunc: func(any) { a.poke() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{svc, slices, pods} {
+		inf.AddEventHandler(h)
+		a.synced = append(a.synced, inf.HasSynced)
+	}
+	a.svcLister = indexerLister{svc.GetIndexer()}
+	a.sliceLister = indexerLister{slices.GetIndexer()}
+	a.podLister = indexerLister{pods.GetIndexer()}
+	f.Start(ctx.Done())
+	local.Start(ctx.Done())
+}
+
+func (a *Agent) poke() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// watchHostIPs tracks the IPv4 addresses of the host interface.
+func (a *Agent) watchHostIPs(ctx context.Context, link netlink.Link) {
+	updates := make(chan netlink.AddrUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	if err := netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{}); err != nil {
+		a.log.Error("cannot watch host addresses; using the current ones only", "err", err)
+	}
+	if a.cfg.Faults.Has(faults.EagerServiceSync) {
+		a.log.Warn("fault: host-IP discovery reports late", "fault", faults.EagerServiceSync, "delay", hostIPDelay)
+		select {
+		case <-time.After(hostIPDelay):
+		case <-ctx.Done():
+			return
+		}
+	}
+	refresh := func() {
+		addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+		if err != nil {
+			a.log.Error("list host addresses", "err", err)
+			return
+		}
+		var ips []netip.Addr
+		for _, ad := range addrs {
+			if ip, ok := netip.AddrFromSlice(ad.IP); ok {
+				ips = append(ips, ip.Unmap())
+			}
+		}
+		a.mu.Lock()
+		changed := !a.hostsOK || fmt.Sprint(ips) != fmt.Sprint(a.hostIPs)
+		a.hostIPs, a.hostsOK = ips, true
+		a.mu.Unlock()
+		if !changed {
+			return
+		}
+		a.log.Info("host IPs", "interface", a.cfg.HostInterface, "ips", ips)
+		// NodePort SNAT for remote backends uses the host's first address.
+		if len(ips) > 0 {
+			if err := a.dp.SetConfig(ips[0], a.hostIdx); err != nil {
+				a.log.Error("write datapath config", "err", err)
+			}
+		}
+		a.poke()
+	}
+	refresh()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case u, ok := <-updates:
+			if !ok {
+				return
+			}
+			if u.LinkIndex == a.hostIdx {
+				refresh()
+			}
+		}
+	}
+}
+
+func (a *Agent) loop(ctx context.Context) error {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			a.log.Info("stopping; the datapath stays in place")
+			return nil
+		case <-a.kick:
+		case <-tick.C:
+		}
+		if err := a.sync(ctx); err != nil {
+			if err.Error() != a.lastSyncError {
+				a.log.Error("sync", "err", err)
+			}
+			a.lastSyncError = err.Error()
+		} else {
+			a.lastSyncError = ""
+		}
+	}
+}
+
+func (a *Agent) informersSynced() bool {
+	for _, s := range a.synced {
+		if !s() {
+			return false
+		}
+	}
+	return true
+}
+
+// sync applies one round: endpoints, then services, then iptables.
+func (a *Agent) sync(ctx context.Context) error {
+	inSync := a.informersSynced()
+	a.mu.Lock()
+	hostIPs, hostsOK := a.hostIPs, a.hostsOK
+	a.mu.Unlock()
+	// Nothing is written before the view is complete: datastore in sync AND host IPs
+	// known. The fault applies (and deletes) as soon as the datastore is in sync.
+	complete := inSync && hostsOK
+	if a.cfg.Faults.Has(faults.EagerServiceSync) {
+		complete = inSync
+	}
+	if !complete {
+		return nil
+	}
+	if err := a.syncEndpoints(); err != nil {
+		return err
+	}
+	var svcs []*corev1.Service
+	for _, o := range a.svcLister.List() {
+		svcs = append(svcs, o.(*corev1.Service))
+	}
+	var slices []*discoveryv1.EndpointSlice
+	for _, o := range a.sliceLister.List() {
+		slices = append(slices, o.(*discoveryv1.EndpointSlice))
+	}
+	st, err := a.syncer.Apply(services.Compute(svcs, slices, hostIPs), true)
+	if err != nil {
+		return err
+	}
+	if st != (services.Stats{}) {
+		a.log.Info("services applied", "changes", st.String(), "hostIPsKnown", hostsOK)
+	}
+	if !a.iptablesDone {
+		if err := iptables.Ensure(ctx, iptables.Marks{Seen: bpf.MarkSeen, Fallthrough: bpf.MarkFallthrough, Mask: bpf.MarkMask}); err != nil {
+			return err
+		}
+		a.iptablesDone = true
+	}
+	if !a.ready {
+		a.ready = true
+		a.log.Info("ready")
+		return a.status.write(true, "programmed and in sync")
+	}
+	return nil
+}
+
+// syncEndpoints attaches the endpoint programs to each local pod's host-side
+// interface, found by the route to the pod's IP, and detaches those of pods gone.
+func (a *Agent) syncEndpoints() error {
+	want := map[string]endpoint{}
+	for _, o := range a.podLister.List() {
+		p := o.(*corev1.Pod)
+		if p.Status.PodIP == "" || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		ip, err := netip.ParseAddr(p.Status.PodIP)
+		if err != nil || !ip.Is4() {
+			continue
+		}
+		routes, err := netlink.RouteGet(ip.AsSlice())
+		if err != nil || len(routes) == 0 || routes[0].LinkIndex == a.hostIdx || routes[0].LinkIndex == 0 {
+			continue // not wired on this node (yet)
+		}
+		want[p.Namespace+"/"+p.Name] = endpoint{ifindex: routes[0].LinkIndex, ip: ip}
+	}
+	var errs []error
+	for key, ep := range want {
+		if cur, ok := a.attached[key]; ok && cur == ep {
+			continue
+		}
+		if err := a.dp.AttachEndpoint(ep.ifindex, ep.ip, bpf.EndpointFlags(0)); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", key, err))
+			continue
+		}
+		a.log.Info("attached endpoint", "pod", key, "ifindex", ep.ifindex, "ip", ep.ip)
+		a.attached[key] = ep
+	}
+	for key, ep := range a.attached {
+		if _, ok := want[key]; ok {
+			continue
+		}
+		if err := a.dp.DetachEndpoint(ep.ifindex); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", key, err))
+			continue
+		}
+		delete(a.attached, key)
+	}
+	return errors.Join(errs...)
+}

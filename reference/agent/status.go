@@ -1,0 +1,54 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// StatusFile is the name, in the state directory, of the file where the agent says
+// whether it is ready. The driver reads it for `status`.
+const StatusFile = "refdp.status.json"
+
+// Status is the content of StatusFile.
+type Status struct {
+	PID     int       `json:"pid"`
+	Ready   bool      `json:"ready"`
+	Message string    `json:"message"`
+	Updated time.Time `json:"updated"`
+}
+
+type statusFile struct{ path string }
+
+// write replaces the status file atomically, so a reader never sees half of it.
+func (s *statusFile) write(ready bool, msg string) error {
+	data, err := json.Marshal(Status{PID: os.Getpid(), Ready: ready, Message: msg, Updated: time.Now()})
+	if err != nil {
+		return err
+	}
+	tmp := s.path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return fmt.Errorf("write status: %w", err)
+	}
+	return os.Rename(tmp, s.path)
+}
+
+// ReadStatus reads the status file in stateDir.
+func ReadStatus(stateDir string) (Status, error) {
+	var st Status
+	data, err := os.ReadFile(filepath.Join(stateDir, StatusFile))
+	if err != nil {
+		return st, err
+	}
+	err = json.Unmarshal(data, &st)
+	return st, err
+}
+
+func writeSysctl(key, value string) error {
+	if err := os.WriteFile(filepath.Join("/proc/sys", key), []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", key, value, err)
+	}
+	return nil
+}

@@ -1,0 +1,80 @@
+// Package faults lists the named defects the reference dataplane can reintroduce, each
+// a known bug of a real dataplane. They are off by default and exist only for the
+// suite's self-test: every conformance spec must fail against the fault it names.
+// docs/faults.md describes each with its origin.
+package faults
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+)
+
+// Fault names.
+const (
+	// EagerServiceSync: the service syncer applies (and deletes) before the host IPs
+	// are known, and host-IP discovery reports a few hundred ms late, so NodePort
+	// frontends of the previous run are erased for that long (Calico issue 12192).
+	EagerServiceSync = "eager-service-sync"
+	// FlushNATOnStart: the agent empties the NAT maps when it starts.
+	FlushNATOnStart = "flush-nat-on-start"
+	// UnpinnedConntrack: the conntrack map is not pinned, so a restart loses it.
+	UnpinnedConntrack = "unpinned-conntrack"
+	// RebuildBackendsInPlace: a service whose backends change has its backend slots
+	// deleted and rewritten under its frontends instead of switched make-before-break.
+	RebuildBackendsInPlace = "rebuild-backends-in-place"
+)
+
+var known = map[string]string{
+	EagerServiceSync:       "service syncer applies before host IPs are known; host-IP discovery is late (Calico 12192)",
+	FlushNATOnStart:        "the agent empties the NAT frontend and backend maps when it starts",
+	UnpinnedConntrack:      "conntrack state does not survive an agent restart",
+	RebuildBackendsInPlace: "backend changes rewrite a service's backend slots in place",
+}
+
+// Set is a set of enabled faults.
+type Set map[string]bool
+
+// Parse builds a Set from names, rejecting unknown ones with the list of known faults.
+func Parse(names []string) (Set, error) {
+	s := Set{}
+	for _, n := range names {
+		for _, part := range strings.Split(n, ",") {
+			part = strings.TrimSpace(part)
+			if part == "" {
+				continue
+			}
+			if _, ok := known[part]; !ok {
+				return nil, fmt.Errorf("unknown fault %q; known faults: %s", part, strings.Join(Known(), ", "))
+			}
+			s[part] = true
+		}
+	}
+	return s, nil
+}
+
+// Has reports whether fault name is enabled.
+func (s Set) Has(name string) bool { return s[name] }
+
+// Names returns the enabled faults, sorted.
+func (s Set) Names() []string {
+	out := make([]string, 0, len(s))
+	for n := range s {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Known returns every fault's name, sorted.
+func Known() []string {
+	out := make([]string, 0, len(known))
+	for n := range known {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Describe returns a one-line description of a fault.
+func Describe(name string) string { return known[name] }

@@ -1,0 +1,189 @@
+package services
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/dpconform/dpconform/bpf"
+	"github.com/dpconform/dpconform/reference/cachingmap"
+)
+
+// Syncer writes a Desired state to the frontend and backend maps. A service port whose
+// backends change gets a fresh service ID: its new backends are written first and its
+// frontends are switched to them in one update each, so a new connection never sees
+// a half-written backend set; the old set is deleted afterwards.
+type Syncer struct {
+	frontends *cachingmap.Map[bpf.FrontendKey, bpf.FrontendValue]
+	backends  *cachingmap.Map[bpf.BackendKey, bpf.BackendValue]
+	// inPlace is the fault rebuild-backends-in-place.
+	inPlace bool
+	raw     cachingmap.Backend[bpf.BackendKey, bpf.BackendValue]
+}
+
+// SyncerOptions configure a Syncer.
+type SyncerOptions struct {
+	// RebuildBackendsInPlace is the fault "rebuild-backends-in-place": a service whose
+	// backends change keeps its service ID, and its backend slots are deleted and
+	// rewritten under the frontends' feet.
+	RebuildBackendsInPlace bool
+}
+
+// NewSyncer adopts what the maps hold.
+func NewSyncer(fe cachingmap.Backend[bpf.FrontendKey, bpf.FrontendValue], be cachingmap.Backend[bpf.BackendKey, bpf.BackendValue], opts SyncerOptions) (*Syncer, error) {
+	s := &Syncer{
+		frontends: cachingmap.New("frontends", fe),
+		backends:  cachingmap.New("backends", be),
+		inPlace:   opts.RebuildBackendsInPlace,
+		raw:       be,
+	}
+	if err := s.frontends.Load(); err != nil {
+		return nil, err
+	}
+	if err := s.backends.Load(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// Flush empties both maps (the fault "flush-nat-on-start").
+func (s *Syncer) Flush() error {
+	return errors.Join(s.frontends.Flush(), s.backends.Flush())
+}
+
+// Stats count what one Apply changed.
+type Stats struct {
+	FrontendsWritten, FrontendsDeleted, BackendsWritten, BackendsDeleted int
+}
+
+func (s Stats) String() string {
+	return fmt.Sprintf("frontends +%d -%d, backends +%d -%d", s.FrontendsWritten, s.FrontendsDeleted, s.BackendsWritten, s.BackendsDeleted)
+}
+
+// Apply writes d. Deletions happen only when complete is true: the caller knows the
+// whole desired state (datastore in sync and host IPs known). Until then, entries a
+// previous run left stay, so traffic they serve is not cut.
+func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
+	dpFE := s.frontends.Dataplane()
+	dpBE := s.backends.Dataplane()
+	used := map[uint32]bool{}
+	for _, v := range dpFE {
+		used[v.ServiceID] = true
+	}
+	for k := range dpBE {
+		used[k.ServiceID] = true
+	}
+	assigned := map[uint32]bool{}
+	nextID := uint32(1)
+	fresh := func() uint32 {
+		for used[nextID] || assigned[nextID] {
+			nextID++
+		}
+		return nextID
+	}
+	sameBackends := func(id, count uint32, want []bpf.BackendValue) bool {
+		if int(count) != len(want) {
+			return false
+		}
+		for i, b := range want {
+			if dpBE[bpf.BackendKey{ServiceID: id, Index: uint32(i)}] != b {
+				return false
+			}
+		}
+		return true
+	}
+
+	keys := make([]string, 0, len(d))
+	for k := range d {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	wantFE := map[bpf.FrontendKey]bpf.FrontendValue{}
+	wantBE := map[bpf.BackendKey]bpf.BackendValue{}
+	var rebuild []uint32
+	for _, k := range keys {
+		sp := d[k]
+		id := uint32(0)
+		var previous uint32
+		for _, f := range sp.Frontends {
+			cur, ok := dpFE[f]
+			if !ok || assigned[cur.ServiceID] {
+				continue
+			}
+			previous = cur.ServiceID
+			if sameBackends(cur.ServiceID, cur.BackendCount, sp.Backends) {
+				id = cur.ServiceID
+				break
+			}
+		}
+		if id == 0 {
+			if s.inPlace && previous != 0 {
+				id = previous
+				rebuild = append(rebuild, id)
+			} else {
+				id = fresh()
+			}
+		}
+		assigned[id] = true
+		for i, b := range sp.Backends {
+			wantBE[bpf.BackendKey{ServiceID: id, Index: uint32(i)}] = b
+		}
+		for _, f := range sp.Frontends {
+			wantFE[f] = bpf.FrontendValue{ServiceID: id, BackendCount: uint32(len(sp.Backends))}
+		}
+	}
+
+	var st Stats
+	var errs []error
+	// The fault: empty the service's backend slots before rewriting them.
+	for _, id := range rebuild {
+		for k := range dpBE {
+			if k.ServiceID == id {
+				if err := s.raw.Delete(k); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		if err := s.backends.Load(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if !complete {
+		// Keep what the kernel holds and is not (yet) desired.
+		for k, v := range dpBE {
+			if _, ok := wantBE[k]; !ok && !assigned[k.ServiceID] {
+				wantBE[k] = v
+			}
+		}
+		for k, v := range dpFE {
+			if _, ok := wantFE[k]; !ok {
+				wantFE[k] = v
+			}
+		}
+	}
+	s.backends.SetDesired(wantBE)
+	s.frontends.SetDesired(wantFE)
+	n, err := s.backends.ApplyUpdates()
+	st.BackendsWritten, errs = n, append(errs, err)
+	if err != nil {
+		// Frontends must not point at backends that are not there.
+		return st, errors.Join(errs...)
+	}
+	n, err = s.frontends.ApplyUpdates()
+	st.FrontendsWritten, errs = n, append(errs, err)
+	if complete && err == nil {
+		n, err = s.frontends.ApplyDeletions()
+		st.FrontendsDeleted, errs = n, append(errs, err)
+		if err == nil {
+			n, err = s.backends.ApplyDeletions()
+			st.BackendsDeleted, errs = n, append(errs, err)
+		}
+	}
+	return st, errors.Join(errs...)
+}
+
+// Frontends returns what the frontend map holds, as far as the Syncer knows.
+func (s *Syncer) Frontends() map[bpf.FrontendKey]bpf.FrontendValue { return s.frontends.Dataplane() }
+
+// Backends returns what the backend map holds, as far as the Syncer knows.
+func (s *Syncer) Backends() map[bpf.BackendKey]bpf.BackendValue { return s.backends.Dataplane() }
