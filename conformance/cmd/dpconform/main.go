@@ -12,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
@@ -19,17 +20,28 @@ import (
 const usage = `dpconform: conformance of Kubernetes dataplanes across transitions
 
 usage:
+  dpconform run --driver PATH [--profiles Core,...] [--output DIR]
+                                       run the suite against an implementation's driver
+  dpconform specs                      list the spec catalogue
   dpconform cleanup [--run ID ...]     remove what killed runs left behind (idempotent)
   dpconform topology up [flags]        bring a netns topology up and hold it until ^C
+  dpconform probe ROLE [flags]         a traffic probe (the suite runs it in namespaces)
 `
 
 func main() {
+	probe.RunIfChild()
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
 		os.Exit(2)
 	}
 	var err error
 	switch os.Args[1] {
+	case "run":
+		err = run(os.Args[2:])
+	case "specs":
+		listSpecs()
+	case "probe":
+		os.Exit(probe.Main(os.Args[2:]))
 	case "cleanup":
 		err = cleanup(os.Args[2:])
 	case "topology":

@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/dpconform/dpconform/conformance"
+	_ "github.com/dpconform/dpconform/conformance/specs" // the catalogue
+	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/probe"
+)
+
+// suiteT satisfies Ginkgo's GinkgoTestingT outside `go test`.
+type suiteT struct{ failed bool }
+
+func (t *suiteT) Fail() { t.failed = true }
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ExitOnError)
+	drv := fs.String("driver", "", "path of the implementation's driver executable (required)")
+	profiles := fs.String("profiles", "", "comma-separated profiles to run (default: every profile the implementation claims)")
+	output := fs.String("output", filepath.Join("_output", "conformance"), "directory for report.yaml, junit.xml and diagnostics")
+	var env multiFlag
+	fs.Var(&env, "driver-env", "KEY=VALUE added to every driver call's environment (repeatable)")
+	verbose := fs.Bool("v", false, "print progress")
+	fs.Parse(args)
+	if *drv == "" {
+		return errors.New("--driver is required: the path of your implementation's driver executable (see docs/driver.md)")
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("the netns topology needs root: run dpconform as root")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	d, err := driver.NewExec(*drv, driver.DefaultTimeouts, env...)
+	if err != nil {
+		return err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	cfg := conformance.Config{Driver: d, DriverPath: *drv, Probe: probe.Binary(self), OutputDir: *output}
+	if *profiles != "" {
+		cfg.Profiles = strings.Split(*profiles, ",")
+	}
+	if *verbose {
+		cfg.Logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
+	}
+	r, err := conformance.NewRunner(ctx, cfg)
+	if err != nil {
+		return fmt.Errorf("ask the driver for info: %w", err)
+	}
+	t := &suiteT{}
+	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: os.Stdout})
+	if t.failed {
+		return errors.New("the implementation did not pass every selected spec (see the report)")
+	}
+	return nil
+}
+
+func listSpecs() {
+	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tPROFILE\tFEATURES\tCATCHES\tDESCRIPTION")
+	for _, s := range conformance.Specs() {
+		var faults []string
+		for _, f := range s.Catches {
+			faults = append(faults, f.Fault)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Profile, strings.Join(s.Features, ","), strings.Join(faults, ","), s.Description)
+	}
+	tw.Flush()
+}

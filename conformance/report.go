@@ -1,0 +1,246 @@
+package conformance
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/matchers"
+)
+
+// SuiteVersion is the version of the spec catalogue this suite implements.
+const SuiteVersion = "v0.1.0"
+
+// Report is the ConformanceReport a vendor can publish (report.yaml).
+type Report struct {
+	APIVersion     string          `json:"apiVersion"`
+	Kind           string          `json:"kind"`
+	Date           string          `json:"date"`
+	Suite          SuiteInfo       `json:"suite"`
+	Implementation Implementation  `json:"implementation"`
+	Topology       string          `json:"topology"`
+	Profiles       []ProfileReport `json:"profiles"`
+}
+
+// SuiteInfo identifies the suite.
+type SuiteInfo struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+}
+
+// Implementation is what the driver's info said, and where the driver is.
+type Implementation struct {
+	Name     string   `json:"name"`
+	Version  string   `json:"version"`
+	Driver   string   `json:"driver,omitempty"`
+	Profiles []string `json:"profiles"`
+	Features []string `json:"features"`
+}
+
+// ProfileReport is the result of one profile.
+type ProfileReport struct {
+	Name string `json:"name"`
+	// Result is passed (every spec passed), failed (one failed), error (one could not
+	// be judged), or skipped (not claimed or not selected).
+	Result  string       `json:"result"`
+	Summary string       `json:"summary"`
+	Specs   []SpecReport `json:"specs"`
+}
+
+// SpecReport is one spec's line in the report.
+type SpecReport struct {
+	ID          string        `json:"id"`
+	Result      string        `json:"result"`
+	Reason      string        `json:"reason,omitempty"`
+	Duration    string        `json:"duration"`
+	Checks      []CheckReport `json:"checks,omitempty"`
+	Diagnostics string        `json:"diagnostics,omitempty"`
+}
+
+// CheckReport is one check, with every figure next to its budget.
+type CheckReport struct {
+	Name    string         `json:"name"`
+	Result  string         `json:"result"`
+	Kind    string         `json:"kind,omitempty"`
+	Window  string         `json:"window,omitempty"`
+	Figures []FigureReport `json:"figures"`
+	// Message explains a failed check: the timeline around its first violation.
+	Message string `json:"message,omitempty"`
+}
+
+// FigureReport is a measured figure and its budget, in words and numbers.
+type FigureReport struct {
+	Name     string   `json:"name"`
+	Measured string   `json:"measured"`
+	Value    float64  `json:"value"`
+	Unit     string   `json:"unit,omitempty"`
+	Of       int      `json:"of,omitempty"`
+	Budget   *float64 `json:"budget,omitempty"`
+	Within   bool     `json:"withinBudget"`
+}
+
+// BuildReport assembles a report from results, in registry order.
+func BuildReport(info driver.Info, driverPath, topology string, results []Result, now time.Time) Report {
+	rep := Report{
+		APIVersion: "dpconform.io/v1alpha1",
+		Kind:       "ConformanceReport",
+		Date:       now.UTC().Format(time.RFC3339),
+		Suite:      SuiteInfo{Name: "dpconform", Version: SuiteVersion},
+		Implementation: Implementation{
+			Name: info.Name, Version: info.Version, Driver: driverPath,
+			Profiles: info.Profiles, Features: info.Features,
+		},
+		Topology: topology,
+	}
+	byProfile := map[string][]Result{}
+	for _, r := range results {
+		byProfile[r.Profile] = append(byProfile[r.Profile], r)
+	}
+	for _, p := range AllProfiles {
+		rs := byProfile[p]
+		if len(rs) == 0 {
+			continue
+		}
+		pr := ProfileReport{Name: p}
+		count := map[string]int{}
+		for _, r := range rs {
+			count[r.Result]++
+			pr.Specs = append(pr.Specs, specReport(r))
+		}
+		switch {
+		case count[Errored] > 0:
+			pr.Result = Errored
+		case count[Failed] > 0:
+			pr.Result = Failed
+		case count[Passed] > 0 && count[Skipped] == 0:
+			pr.Result = Passed
+		case count[Passed] > 0:
+			pr.Result = "partial"
+		default:
+			pr.Result = Skipped
+		}
+		pr.Summary = fmt.Sprintf("%d passed, %d failed, %d skipped, %d error", count[Passed], count[Failed], count[Skipped], count[Errored])
+		rep.Profiles = append(rep.Profiles, pr)
+	}
+	return rep
+}
+
+func specReport(r Result) SpecReport {
+	sr := SpecReport{ID: r.ID, Result: r.Result, Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics}
+	for _, c := range r.Checks {
+		cr := CheckReport{Name: c.Name, Result: Passed, Window: c.Window}
+		if !c.Passed {
+			cr.Result, cr.Kind, cr.Message = Failed, string(c.Kind), c.Message
+		}
+		if c.Pre {
+			cr.Name = "precondition: " + c.Name
+		}
+		for _, f := range c.Figures {
+			cr.Figures = append(cr.Figures, figureReport(f))
+		}
+		sr.Checks = append(sr.Checks, cr)
+	}
+	return sr
+}
+
+func figureReport(f matchers.Figure) FigureReport {
+	return FigureReport{Name: f.Name, Measured: measured(f), Value: f.Value, Unit: f.Unit, Of: f.Of, Budget: f.Budget, Within: f.Within()}
+}
+
+// measured renders a figure for people: "failed attempts 0 of 4,812 (budget 0)".
+func measured(f matchers.Figure) string {
+	s := strings.ReplaceAll(f.Name, "_", " ") + " " + num(f.Value)
+	if f.Of > 0 {
+		s += " of " + thousands(f.Of)
+	}
+	if f.Unit != "" && f.Unit != "attempts" && f.Unit != "streams" {
+		s += " " + f.Unit
+	}
+	if f.Budget != nil {
+		s += " (budget " + num(*f.Budget)
+		if f.Unit == "ms" {
+			s += " ms"
+		}
+		s += ")"
+	}
+	return s
+}
+
+func num(v float64) string {
+	if v == float64(int64(v)) {
+		return thousands(int(v))
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64)
+}
+
+func thousands(n int) string {
+	s := strconv.Itoa(n)
+	if n < 0 || len(s) <= 3 {
+		return s
+	}
+	var b strings.Builder
+	pre := len(s) % 3
+	b.WriteString(s[:pre])
+	for i := pre; i < len(s); i += 3 {
+		if b.Len() > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(s[i : i+3])
+	}
+	return b.String()
+}
+
+// WriteYAML writes the report to path, creating its directory.
+func (rep Report) WriteYAML(path string) error {
+	data, err := yaml.Marshal(rep)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	return os.WriteFile(path, data, 0o644)
+}
+
+// PrintSummary writes a table of the results for people.
+func (rep Report) PrintSummary(out io.Writer) {
+	fmt.Fprintf(out, "\ndpconform %s: %s %s\n", rep.Suite.Version, rep.Implementation.Name, rep.Implementation.Version)
+	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
+	for _, p := range rep.Profiles {
+		fmt.Fprintf(tw, "\n%s\t%s\t%s\n", p.Name, strings.ToUpper(p.Result), p.Summary)
+		for _, s := range p.Specs {
+			detail := s.Reason
+			if s.Result == Passed {
+				detail = keyFigures(s)
+			}
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.ID, s.Result, detail)
+		}
+	}
+	tw.Flush()
+}
+
+// keyFigures picks the figures with budgets, for a passed spec's summary line.
+func keyFigures(s SpecReport) string {
+	var parts []string
+	seen := map[string]bool{}
+	for _, c := range s.Checks {
+		if strings.HasPrefix(c.Name, "precondition: ") {
+			continue
+		}
+		for _, f := range c.Figures {
+			if f.Budget != nil && !seen[f.Name] && (f.Name == "failed_attempts" || f.Name == "max_gap" || f.Name == "resets") {
+				seen[f.Name] = true
+				parts = append(parts, f.Measured)
+			}
+		}
+	}
+	return strings.Join(parts, "; ")
+}

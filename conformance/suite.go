@@ -1,0 +1,119 @@
+package conformance
+
+import (
+	"fmt"
+	"io"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/onsi/ginkgo/v2"
+)
+
+// SuiteOptions configure RunSuite.
+type SuiteOptions struct {
+	Runner *Runner
+	// OutputDir receives report.yaml and junit.xml (default: the runner's OutputDir).
+	OutputDir string
+	// Topology names the topology provider in the report.
+	Topology string
+	// Summary, if set, receives a table of the results at the end.
+	Summary io.Writer
+}
+
+// RunSuite turns the registry into Ginkgo specs (labelled with their profile and
+// features), runs them against the runner's implementation, and writes report.yaml
+// and junit.xml. It works under `go test` (t is the *testing.T) and from a plain
+// binary (t is anything with a Fail method), so vendors can run a compiled suite.
+func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
+	r := opts.Runner
+	if opts.OutputDir == "" {
+		opts.OutputDir = r.cfg.OutputDir
+	}
+	if opts.Topology == "" {
+		opts.Topology = "netns"
+	}
+	var (
+		mu      sync.Mutex
+		results = map[string]Result{}
+	)
+	ginkgo.Describe("dpconform", func() {
+		for _, s := range Specs() {
+			labels := append([]string{s.Profile}, s.Features...)
+			ginkgo.It(s.ID, ginkgo.Label(labels...), func(ctx ginkgo.SpecContext) {
+				ginkgo.By(s.Description)
+				res := r.Run(ctx, s)
+				mu.Lock()
+				results[s.ID] = res
+				mu.Unlock()
+				for _, c := range res.Checks {
+					ginkgo.AddReportEntry(checkEntry(c), ginkgo.ReportEntryVisibilityFailureOrVerbose)
+				}
+				switch res.Result {
+				case Skipped:
+					ginkgo.Skip(res.Reason)
+				case Errored:
+					ginkgo.Fail("ERROR (not a verdict on the implementation): " + res.Reason + diagnostics(res))
+				case Failed:
+					msg := "FAILED: " + res.Reason
+					if res.Message != "" {
+						msg += "\n\n" + res.Message
+					}
+					ginkgo.Fail(msg + diagnostics(res))
+				}
+			}, ginkgo.SpecTimeout(r.cfg.SpecTimeout+time.Minute))
+		}
+	})
+	ginkgo.ReportAfterSuite("dpconform report", func(ginkgo.Report) {
+		mu.Lock()
+		defer mu.Unlock()
+		var all []Result
+		for _, s := range Specs() {
+			res, ok := results[s.ID]
+			if !ok {
+				res = Result{ID: s.ID, Profile: s.Profile, Description: s.Description, Result: Skipped, Reason: "not selected by the label filter"}
+				if ok, why := r.Selected(s); !ok {
+					res.Reason = why
+				}
+			}
+			all = append(all, res)
+		}
+		rep := BuildReport(r.info, r.cfg.DriverPath, opts.Topology, all, time.Now())
+		path := filepath.Join(opts.OutputDir, "report.yaml")
+		if err := rep.WriteYAML(path); err != nil {
+			ginkgo.Fail("write " + path + ": " + err.Error())
+		}
+		if opts.Summary != nil {
+			rep.PrintSummary(opts.Summary)
+			fmt.Fprintf(opts.Summary, "\nreport: %s\njunit:  %s\n", path, filepath.Join(opts.OutputDir, "junit.xml"))
+		}
+	})
+	suiteCfg, repCfg := ginkgo.GinkgoConfiguration()
+	if repCfg.JUnitReport == "" {
+		repCfg.JUnitReport = filepath.Join(opts.OutputDir, "junit.xml")
+	}
+	if len(r.cfg.Profiles) > 0 && suiteCfg.LabelFilter == "" {
+		suiteCfg.LabelFilter = strings.Join(r.cfg.Profiles, " || ")
+	}
+	return ginkgo.RunSpecs(t, "dpconform conformance: "+r.info.Name, suiteCfg, repCfg, ginkgo.Labels{"dpconform"})
+}
+
+func checkEntry(c CheckResult) string {
+	state := "passed"
+	if !c.Passed {
+		state = "FAILED (" + string(c.Kind) + ")"
+	}
+	var figs []string
+	for _, f := range c.Figures {
+		figs = append(figs, measured(f))
+	}
+	return fmt.Sprintf("check %q %s: %s", c.Name, state, strings.Join(figs, "; "))
+}
+
+func diagnostics(r Result) string {
+	if r.Diagnostics == "" {
+		return ""
+	}
+	return "\n\ndiagnostics from the driver: " + r.Diagnostics
+}
