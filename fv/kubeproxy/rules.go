@@ -1,0 +1,184 @@
+package kubeproxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+)
+
+// kubeletFirewallChain is the one chain kube-proxy's iptables mode creates (a
+// duplicate of kubelet's, with jumps from INPUT and OUTPUT) that `kube-proxy
+// --cleanup` deliberately keeps, because on a real node kubelet owns it. A netns node
+// has no kubelet, so the fixture removes it.
+const kubeletFirewallChain = "KUBE-FIREWALL"
+
+// nftTable is the name of kube-proxy's nftables tables (families ip and ip6).
+const nftTable = "kube-proxy"
+
+// iptablesFamilies are the iptables front ends kube-proxy programs (dual-stack when the
+// node has IPv6).
+var iptablesFamilies = []string{"iptables", "ip6tables"}
+
+// run runs name with args inside the node's network namespace and returns its combined
+// output. A missing tool is reported as exec.ErrNotFound.
+func (f *Fixture) run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	if _, err := exec.LookPath(name); err != nil {
+		return nil, err
+	}
+	var out []byte
+	err := inNetNS(f.NetNS, func() error {
+		cmd := exec.CommandContext(ctx, name, args...)
+		if stdin != nil {
+			cmd.Stdin = bytes.NewReader(stdin)
+		}
+		var err error
+		out, err = cmd.CombinedOutput()
+		return err
+	})
+	if err != nil {
+		return out, fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), f.NetNS, err, lastLines(out, 5))
+	}
+	return out, nil
+}
+
+// Rules lists what of kube-proxy's is programmed in the node: every KUBE-* chain of
+// iptables and ip6tables (any table) as "iptables nat KUBE-SERVICES", and kube-proxy's
+// nftables tables as "nft ip kube-proxy". Empty means kube-proxy left nothing.
+func (f *Fixture) Rules(ctx context.Context) ([]string, error) {
+	var out []string
+	var errs []error
+	for _, fam := range iptablesFamilies {
+		dump, err := f.run(ctx, nil, fam+"-save")
+		if errors.Is(err, exec.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		for _, c := range kubeChains(dump) {
+			out = append(out, fam+" "+c.table+" "+c.chain)
+		}
+	}
+	tables, err := f.run(ctx, nil, "nft", "list", "tables")
+	if err != nil && !errors.Is(err, exec.ErrNotFound) {
+		errs = append(errs, err)
+	}
+	for _, line := range strings.Split(string(tables), "\n") {
+		if fl := strings.Fields(line); len(fl) == 3 && fl[0] == "table" && fl[2] == nftTable {
+			out = append(out, "nft "+fl[1]+" "+fl[2])
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+type tableChain struct{ table, chain string }
+
+// kubeChains returns the KUBE-* chains declared in iptables-save output.
+func kubeChains(dump []byte) []tableChain {
+	var out []tableChain
+	table := ""
+	for _, line := range strings.Split(string(dump), "\n") {
+		switch {
+		case strings.HasPrefix(line, "*"):
+			table = line[1:]
+		case strings.HasPrefix(line, ":KUBE-"):
+			out = append(out, tableChain{table, strings.Fields(line[1:])[0]})
+		}
+	}
+	return out
+}
+
+// RemoveLeftovers removes what `kube-proxy --cleanup` keeps on purpose: the
+// KUBE-FIREWALL chain of the filter table and the jumps to it, in iptables and
+// ip6tables, in one iptables-restore transaction each.
+func (f *Fixture) RemoveLeftovers(ctx context.Context) error {
+	var errs []error
+	for _, fam := range iptablesFamilies {
+		dump, err := f.run(ctx, nil, fam+"-save", "-t", "filter")
+		if errors.Is(err, exec.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		var script bytes.Buffer
+		found := false
+		script.WriteString("*filter\n")
+		for _, line := range strings.Split(string(dump), "\n") {
+			if strings.HasPrefix(line, ":"+kubeletFirewallChain+" ") {
+				found = true
+			}
+			if strings.HasPrefix(line, "-A ") && strings.HasSuffix(line, " -j "+kubeletFirewallChain) {
+				script.WriteString("-D " + line[len("-A "):] + "\n")
+			}
+		}
+		if !found {
+			continue
+		}
+		fmt.Fprintf(&script, "-F %s\n-X %s\nCOMMIT\n", kubeletFirewallChain, kubeletFirewallChain)
+		if _, err := f.run(ctx, script.Bytes(), fam+"-restore", "--noflush"); err != nil {
+			errs = append(errs, fmt.Errorf("remove %s: %w", kubeletFirewallChain, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Diagnostics writes what a person needs to understand a failure into dir: kube-proxy's
+// configuration and log, /healthz and /metrics, iptables-save and ip6tables-save, the
+// nftables ruleset and the conntrack table (with its count). It returns the files
+// written; a source that fails leaves its error in its file.
+func (f *Fixture) Diagnostics(ctx context.Context, dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create diagnostics directory: %w", err)
+	}
+	var files []string
+	var errs []error
+	save := func(name string, data []byte) {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			errs = append(errs, err)
+			return
+		}
+		files = append(files, p)
+	}
+	for _, name := range []string{LogFile, ConfigFile} {
+		if data, err := os.ReadFile(f.Path(name)); err == nil {
+			save(name, data)
+		}
+	}
+	st := f.Status(ctx)
+	save("status.txt", fmt.Appendf(nil, "pid=%d healthz=%v synced=%v pending=%v ready=%v\n%s\n",
+		st.PID, st.Healthz, st.Synced, st.Pending, st.Ready(), st.Detail))
+	if cfg, err := f.Config.withDefaults(); err == nil && st.PID != 0 {
+		if _, body, err := httpGet(ctx, f.NetNS, cfg.MetricsAddress, "/metrics"); err == nil {
+			save("metrics.txt", body)
+		}
+	}
+	for _, c := range []struct {
+		file string
+		argv []string
+	}{
+		{"iptables-save.txt", []string{"iptables-save", "-c"}},
+		{"ip6tables-save.txt", []string{"ip6tables-save", "-c"}},
+		{"nft-ruleset.txt", []string{"nft", "list", "ruleset"}},
+		// conntrack prints the entries on stdout and "N flow entries have been
+		// shown" on stderr; both are kept.
+		{"conntrack.txt", []string{"conntrack", "-L"}},
+		{"addresses.txt", []string{"ip", "addr"}},
+		{"routes.txt", []string{"ip", "route"}},
+	} {
+		out, err := f.run(ctx, nil, c.argv[0], c.argv[1:]...)
+		if err != nil {
+			out = append(out, "\n"+err.Error()+"\n"...)
+		}
+		save(c.file, out)
+	}
+	return files, errors.Join(errs...)
+}

@@ -1,0 +1,169 @@
+package matchers
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
+)
+
+// HaveNoFailedAttempts succeeds when no connect attempt that started inside the
+// window failed: refused, reset, timed out, unreachable, got no or a wrong reply, was
+// answered by a backend outside Backends, or was skipped by an overloaded probe.
+// Options: Probes, Backends, Allow, MaxBlind, Context.
+//
+// Each connect probe must have reported past the window end and must not have gone
+// longer than MaxBlind without starting an attempt, counting from the window start
+// and up to its end; otherwise the matcher returns an ErrInstrument error.
+func HaveNoFailedAttempts(opts ...Option) Matcher {
+	return newMatcher("no failed connection attempt", opts, evalAttempts)
+}
+
+func wrongBackend(e probe.Event, o options) bool {
+	return e.Outcome == probe.OK && len(o.backends) > 0 && !slices.Contains(o.backends, e.Backend)
+}
+
+func attemptFailed(e probe.Event, o options) bool { return e.Outcome.Failed() || wrongBackend(e, o) }
+
+func describeAttempt(w timeline.Window, e probe.Event, o options) string {
+	how := timeline.Describe(e)
+	if wrongBackend(e, o) {
+		how = fmt.Sprintf("attempt #%d to %s: WRONG BACKEND %s (expected %s)", e.Seq, e.Target, e.Backend, strings.Join(o.backends, " or "))
+	}
+	return fmt.Sprintf("probe %s, started %s: %s", e.Probe, w.Relative(e.Time), how)
+}
+
+func evalAttempts(w timeline.Window, o options) (outcome, error) {
+	probes := ofRole(probesOf(w), probe.RoleConnect, o)
+	if len(probes) == 0 {
+		return outcome{}, fmt.Errorf("no connect probe on the timeline%s", selection(o))
+	}
+	starts := map[string][]monotime.Time{}
+	var total int
+	var failed []probe.Event
+	var maxLat time.Duration
+	for _, e := range w.Inside() {
+		if e.Kind != probe.KindAttempt || !o.selected(e.Probe) {
+			continue
+		}
+		total++
+		starts[e.Probe] = append(starts[e.Probe], e.Time)
+		if attemptFailed(e, o) {
+			failed = append(failed, e)
+		} else {
+			maxLat = max(maxLat, e.Latency)
+		}
+	}
+	var blind time.Duration
+	for _, p := range probes {
+		if err := covers(w, p, false, w.End); err != nil {
+			return outcome{}, err
+		}
+		gap, at := longestGap(w, starts[p.name])
+		if gap > o.maxBlind {
+			return outcome{}, fmt.Errorf("probe %s started no attempt for %s, from %s: the instrument was blind (starved or stopped), %s is the limit",
+				p.name, fmtMs(gap), w.Relative(at), fmtMs(o.maxBlind))
+		}
+		blind = max(blind, gap)
+	}
+
+	var resets, timeouts, other int
+	for _, e := range failed {
+		switch {
+		case e.Outcome.IsResetOrRefused():
+			resets++
+		case e.Outcome == probe.Timeout:
+			timeouts++
+		default:
+			other++
+		}
+	}
+	out := outcome{verdict: Pass, figures: []Figure{
+		{Name: "failed_attempts", Value: float64(len(failed)), Unit: "attempts", Of: total, Budget: budget(float64(o.allow)),
+			Text: fmt.Sprintf("failed %d of %d attempts (budget %d): %d reset-or-refused, %d timeout, %d other", len(failed), total, o.allow, resets, timeouts, other)},
+		{Name: "reset_or_refused", Value: float64(resets), Unit: "attempts", Of: total, Text: fmt.Sprintf("%d reset or refused (RST)", resets)},
+		{Name: "timeouts", Value: float64(timeouts), Unit: "attempts", Of: total, Text: fmt.Sprintf("%d timed out", timeouts)},
+		{Name: "max_latency", Value: msf(maxLat), Unit: "ms", Text: fmt.Sprintf("slowest successful attempt %s", fmtMs(maxLat))},
+		{Name: "max_schedule_gap", Value: msf(blind), Unit: "ms", Budget: budget(msf(o.maxBlind)),
+			Text: fmt.Sprintf("longest time without a new attempt %s (instrument limit %s)", fmtMs(blind), fmtMs(o.maxBlind))},
+	}}
+	if len(failed) <= o.allow {
+		return out, nil
+	}
+	out.verdict = Violation
+	first := failed[0]
+	out.first = describeAttempt(w, first, o)
+	var b strings.Builder
+	b.WriteString("Timeline around it:\n")
+	b.WriteString(w.Excerpt(first.Time, o.context, o.context, func(e probe.Event) bool {
+		return e.Kind == probe.KindAttempt && o.selected(e.Probe) && attemptFailed(e, o)
+	}))
+	b.WriteString("Failed attempts:\n")
+	b.WriteString(failureRuns(w, failed, o))
+	out.detail = b.String()
+	return out, nil
+}
+
+// longestGap is the longest stretch of the window without a start time.
+func longestGap(w timeline.Window, ts []monotime.Time) (time.Duration, monotime.Time) {
+	prev := w.Start
+	var gap time.Duration
+	at := w.Start
+	for _, t := range append(ts, w.End) {
+		if d := t.Sub(prev); d > gap {
+			gap, at = d, prev
+		}
+		prev = t
+	}
+	return gap, at
+}
+
+// failureRuns lists failures grouped into runs of consecutive attempts of one probe
+// that failed the same way.
+func failureRuns(w timeline.Window, failed []probe.Event, o options) string {
+	const maxRuns = 12
+	type run struct{ first, last probe.Event }
+	var runs []run
+	key := func(e probe.Event) string {
+		if wrongBackend(e, o) {
+			return "wrong backend " + e.Backend
+		}
+		return strings.ToUpper(string(e.Outcome))
+	}
+	last := map[string]int{} // probe -> index of its open run
+	for _, e := range failed {
+		if i, ok := last[e.Probe]; ok && runs[i].last.Seq+1 == e.Seq && key(runs[i].last) == key(e) {
+			runs[i].last = e
+			continue
+		}
+		runs = append(runs, run{e, e})
+		last[e.Probe] = len(runs) - 1
+	}
+	var b strings.Builder
+	for i, r := range runs {
+		if i == maxRuns {
+			fmt.Fprintf(&b, "  ... and %d more runs\n", len(runs)-maxRuns)
+			break
+		}
+		if r.first.Seq == r.last.Seq {
+			fmt.Fprintf(&b, "  %s #%d %s, started %s\n", r.first.Probe, r.first.Seq, key(r.first), w.Relative(r.first.Time))
+			continue
+		}
+		fmt.Fprintf(&b, "  %s #%d..#%d %s (%d), started from %s to %s\n", r.first.Probe, r.first.Seq, r.last.Seq, key(r.first),
+			r.last.Seq-r.first.Seq+1, w.Relative(r.first.Time), w.Relative(r.last.Time))
+	}
+	return b.String()
+}
+
+func fmtMs(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
+
+func selection(o options) string {
+	if len(o.probes) == 0 {
+		return ""
+	}
+	return " among " + strings.Join(o.probes, ", ")
+}

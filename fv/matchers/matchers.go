@@ -1,0 +1,344 @@
+// Package matchers states the suite's invariants as Gomega matchers over a timeline
+// window: no failed attempt, bounded stream gaps, no reset, alive at the end, nothing
+// delivered, and delivery ordered after a control peer.
+//
+// Each matcher keeps what it measured (Result: figures next to their budgets) for the
+// report, and on failure prints for a person the timeline around the first violation,
+// relative to the transition events. A matcher whose probes did not cover the window
+// (a probe crashed, stopped early, or was starved) returns an error instead of a
+// verdict: the instrument failed, the implementation is not charged, and the assertion
+// fails whether it was negated or not.
+//
+// The actual value is a timeline.Window (or *timeline.Window). Take it once the probes
+// have reported past its end: stop them, or wait for their watermarks
+// (probe.Process.WaitMark), receivers up to the end plus the Grace.
+package matchers
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/onsi/gomega/types"
+
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
+)
+
+// Figure is one measured figure, with its budget when it has one.
+type Figure struct {
+	Name   string   `json:"name"`
+	Value  float64  `json:"value"`
+	Unit   string   `json:"unit"`
+	Of     int      `json:"of,omitempty"`
+	Budget *float64 `json:"budget,omitempty"`
+	Text   string   `json:"text"`
+}
+
+// Within reports whether the figure is within its budget (always, without one).
+func (f Figure) Within() bool { return f.Budget == nil || f.Value <= *f.Budget }
+
+// Verdict is the kind of result a matcher reached.
+type Verdict string
+
+// Verdicts.
+const (
+	Pass         Verdict = "pass"
+	Violation    Verdict = "violation"    // the invariant does not hold
+	Precondition Verdict = "precondition" // what the invariant needs never happened (e.g. no control delivery)
+	Instrument   Verdict = "instrument"   // the probes did not cover the window: an environment error
+)
+
+// Result is what a matcher measured in its last Match.
+type Result struct {
+	Verdict Verdict  `json:"verdict"`
+	Figures []Figure `json:"figures"`
+	// First is the first violation in one line; empty on a pass.
+	First string `json:"first,omitempty"`
+}
+
+// Matcher is a Gomega matcher that keeps its measurement.
+type Matcher interface {
+	types.GomegaMatcher
+	// Result is what the last Match measured.
+	Result() Result
+}
+
+// ErrInstrument wraps the error a matcher returns when its probes did not cover the
+// window.
+var ErrInstrument = errors.New("instrument error")
+
+// Option tunes a matcher.
+type Option func(*options)
+
+type options struct {
+	probes   []string
+	backends []string
+	to       []string
+	allow    int
+	maxBlind time.Duration
+	within   time.Duration
+	grace    time.Duration
+	context  time.Duration
+}
+
+// Defaults of the options.
+const (
+	DefaultMaxBlind = 250 * time.Millisecond
+	DefaultWithin   = 500 * time.Millisecond
+	DefaultGrace    = 100 * time.Millisecond
+	DefaultContext  = 100 * time.Millisecond
+)
+
+func defaults() options {
+	return options{maxBlind: DefaultMaxBlind, within: DefaultWithin, grace: DefaultGrace, context: DefaultContext}
+}
+
+// Probes restricts a matcher to the probes with these names (senders, for the
+// delivery matchers). Default: every probe of the role the matcher is about.
+func Probes(names ...string) Option {
+	return func(o *options) { o.probes = append(o.probes, names...) }
+}
+
+// Backends lists the servers allowed to answer; an answer from another one is a failed
+// attempt ("wrong backend").
+func Backends(names ...string) Option {
+	return func(o *options) { o.backends = append(o.backends, names...) }
+}
+
+// To restricts the delivery matchers to requests whose destination label is one of
+// these.
+func To(labels ...string) Option { return func(o *options) { o.to = append(o.to, labels...) } }
+
+// Allow sets the budget of failed attempts (default 0).
+func Allow(n int) Option { return func(o *options) { o.allow = n } }
+
+// MaxBlind is the longest a connect probe may go without starting an attempt before
+// the matcher calls the instrument blind (default 250 ms).
+func MaxBlind(d time.Duration) Option { return func(o *options) { o.maxBlind = d } }
+
+// Within is how recent a stream's last echo must be at the window end to count as
+// alive (default 500 ms).
+func Within(d time.Duration) Option { return func(o *options) { o.within = d } }
+
+// Grace is how long after the window end receivers must have reported, for requests
+// still in flight at the end (default 100 ms).
+func Grace(d time.Duration) Option { return func(o *options) { o.grace = d } }
+
+// Context is how much timeline a failure message shows on each side of the first
+// violation (default 100 ms).
+func Context(d time.Duration) Option { return func(o *options) { o.context = d } }
+
+func (o options) selected(name string) bool {
+	if len(o.probes) == 0 {
+		return true
+	}
+	for _, p := range o.probes {
+		if p == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (o options) toSelected(label string) bool {
+	if len(o.to) == 0 {
+		return true
+	}
+	for _, l := range o.to {
+		if l == label {
+			return true
+		}
+	}
+	return false
+}
+
+func toWindow(actual any) (timeline.Window, error) {
+	switch a := actual.(type) {
+	case timeline.Window:
+		return a, nil
+	case *timeline.Window:
+		if a != nil {
+			return *a, nil
+		}
+	}
+	return timeline.Window{}, fmt.Errorf("matchers: expected a timeline.Window, got %T", actual)
+}
+
+// outcome is what an evaluation found.
+type outcome struct {
+	verdict Verdict
+	figures []Figure
+	first   string // one line
+	detail  string // the rest of the message: excerpt, other violations
+}
+
+// matcher is the shared Gomega plumbing; eval does the measuring.
+type matcher struct {
+	what string // the invariant, e.g. "no failed connection attempt"
+	opts options
+	eval func(w timeline.Window, o options) (outcome, error)
+
+	w   timeline.Window
+	out outcome
+}
+
+func newMatcher(what string, opts []Option, eval func(timeline.Window, options) (outcome, error)) *matcher {
+	o := defaults()
+	for _, f := range opts {
+		f(&o)
+	}
+	return &matcher{what: what, opts: o, eval: eval}
+}
+
+func (m *matcher) Match(actual any) (bool, error) {
+	w, err := toWindow(actual)
+	if err != nil {
+		return false, err
+	}
+	m.w = w
+	m.out, err = m.eval(w, m.opts)
+	if err != nil {
+		m.out = outcome{verdict: Instrument, first: err.Error()}
+		return false, fmt.Errorf("%w: cannot check %s in the %s: %w", ErrInstrument, m.what, w, err)
+	}
+	return m.out.verdict == Pass, nil
+}
+
+func (m *matcher) FailureMessage(any) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Expected %s in the %s, but:\n", m.what, m.w)
+	for _, f := range m.out.figures {
+		mark := "  "
+		if !f.Within() {
+			mark = "✗ "
+		}
+		fmt.Fprintf(&b, "  %s%s\n", mark, f.Text)
+	}
+	if m.out.verdict == Precondition {
+		b.WriteString("PRECONDITION NOT MET: ")
+	} else {
+		b.WriteString("First violation: ")
+	}
+	b.WriteString(m.out.first)
+	b.WriteString("\n")
+	b.WriteString(m.out.detail)
+	return b.String()
+}
+
+func (m *matcher) NegatedFailureMessage(any) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "Expected a violation of %s in the %s, but it held:\n", m.what, m.w)
+	for _, f := range m.out.figures {
+		fmt.Fprintf(&b, "    %s\n", f.Text)
+	}
+	return b.String()
+}
+
+func (m *matcher) Result() Result {
+	return Result{Verdict: m.out.verdict, Figures: m.out.figures, First: m.out.first}
+}
+
+func budget(v float64) *float64 { return &v }
+
+func msf(d time.Duration) float64 { return float64(d) / 1e6 }
+
+// probeState is what the timeline says about one probe's life.
+type probeState struct {
+	name     string
+	role     probe.Role
+	ready    monotime.Time
+	reported monotime.Time // latest watermark or clean stop
+	exit     *probe.Event
+	errs     []probe.Event
+}
+
+func probesOf(w timeline.Window) map[string]*probeState {
+	ps := map[string]*probeState{}
+	get := func(n string) *probeState {
+		p := ps[n]
+		if p == nil {
+			p = &probeState{name: n}
+			ps[n] = p
+		}
+		return p
+	}
+	for i := range w.Events {
+		e := &w.Events[i]
+		p := get(e.Probe)
+		switch e.Kind {
+		case probe.KindReady:
+			if p.ready == 0 {
+				p.ready = e.Time
+			}
+			p.role = e.Role
+		case probe.KindMark, probe.KindDone:
+			p.reported = max(p.reported, e.Time)
+		case probe.KindExit:
+			p.exit = e
+		case probe.KindError:
+			p.errs = append(p.errs, *e)
+		case probe.KindAttempt:
+			p.role = cmpOr(p.role, probe.RoleConnect)
+		case probe.KindOpen, probe.KindEcho, probe.KindEnd, probe.KindGap:
+			p.role = cmpOr(p.role, probe.RoleStream)
+		case probe.KindSent:
+			p.role = cmpOr(p.role, probe.RoleUDP)
+		case probe.KindRecv:
+			p.role = cmpOr(p.role, probe.RoleServe)
+		}
+	}
+	return ps
+}
+
+func cmpOr(r, def probe.Role) probe.Role {
+	if r == "" {
+		return def
+	}
+	return r
+}
+
+// ofRole returns the selected probes of a role, sorted by name.
+func ofRole(ps map[string]*probeState, role probe.Role, o options) []*probeState {
+	var out []*probeState
+	for _, p := range ps {
+		if p.role == role && o.selected(p.name) {
+			out = append(out, p)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// covers checks that probe p reported everything up to through and, with
+// fromStart, was ready by the window start.
+func covers(w timeline.Window, p *probeState, fromStart bool, through monotime.Time) error {
+	if p.ready == 0 {
+		return fmt.Errorf("probe %s never reported ready", p.name)
+	}
+	if fromStart && p.ready > w.Start {
+		return fmt.Errorf("probe %s was ready only %s, after the window start", p.name, w.Relative(p.ready))
+	}
+	if p.reported >= through {
+		return nil
+	}
+	why := "it is still running: wait for its watermark (Process.WaitMark) or stop it before checking"
+	if p.exit != nil {
+		why = "its process ended: " + timeline.Describe(*p.exit)
+	}
+	last := "nothing"
+	if p.reported != 0 {
+		last = w.Relative(p.reported)
+	}
+	return fmt.Errorf("probe %s has reported only up to %s, short of %s: %s", p.name, last, w.Relative(through), why)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}

@@ -1,0 +1,455 @@
+package matchers_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
+)
+
+// The synthetic transition: stop-sent at 2 s, exited at 2.1 s, start-sent at 2.2 s,
+// ready at 2.5 s; the spec window runs from 1 s to 5.5 s. Probes run from 0.5 s and
+// report up to 6 s.
+const base = monotime.Time(1_000_000_000_000)
+
+func at(ms float64) monotime.Time { return base + monotime.Time(ms*1e6) }
+
+func newTimeline() *timeline.Timeline {
+	tl := timeline.New()
+	tl.RecordAt(at(2000), timeline.StopSent, "")
+	tl.RecordAt(at(2100), timeline.Exited, "")
+	tl.RecordAt(at(2200), timeline.StartSent, "")
+	tl.RecordAt(at(2500), timeline.Ready, "")
+	return tl
+}
+
+func window(tl *timeline.Timeline) timeline.Window {
+	w, err := tl.TransitionWindow(time.Second, 3*time.Second)
+	if err != nil {
+		panic(err)
+	}
+	return w
+}
+
+func lifecycle(tl *timeline.Timeline, name string, role probe.Role, readyMs, reportedMs float64) {
+	tl.Add(probe.Event{Time: at(readyMs), Kind: probe.KindReady, Probe: name, Role: role})
+	tl.Add(probe.Event{Time: at(reportedMs), Kind: probe.KindMark, Probe: name})
+}
+
+// connects adds attempts every 2 ms from 500 ms to 6 s; fail decides an attempt's outcome.
+func connects(tl *timeline.Timeline, name string, fail func(ms float64) probe.Outcome) {
+	lifecycle(tl, name, probe.RoleConnect, 400, 6000)
+	seq := uint64(0)
+	for ms := 500.0; ms < 6000; ms += 2 {
+		seq++
+		o := probe.OK
+		if fail != nil {
+			o = fail(ms)
+		}
+		e := probe.Event{Time: at(ms), Kind: probe.KindAttempt, Probe: name, Seq: seq, Outcome: o, Latency: 300 * time.Microsecond, Target: "10.0.0.1:80", Backend: "pod-a"}
+		switch o {
+		case probe.OK:
+		case probe.Timeout:
+			e.Latency, e.Backend, e.Err = time.Second, "", "connect: no answer before the deadline"
+		default:
+			e.Backend, e.Err = "", "connect: connection refused (RST or ICMP port unreachable)"
+		}
+		tl.Add(e)
+	}
+}
+
+// streams adds k streams with an echo every 5 ms, summarised every 100 ms, except
+// while silent(ms) says the stream is silent; end, if set, ends stream 1.
+func streams(tl *timeline.Timeline, name string, k int, silent func(id int, ms float64) bool, end *probe.Event) {
+	lifecycle(tl, name, probe.RoleStream, 450, 6000)
+	for id := 1; id <= k; id++ {
+		tl.Add(probe.Event{Time: at(400), Kind: probe.KindOpen, Probe: name, Stream: id, Outcome: probe.OK, Latency: time.Millisecond})
+		var batch []float64
+		last := -1.0
+		var maxGap float64
+		var gapAt float64
+		seq := uint64(0)
+		flush := func() {
+			if len(batch) == 0 {
+				return
+			}
+			tl.Add(probe.Event{Time: at(batch[0]), End: at(batch[len(batch)-1]), Kind: probe.KindEcho, Probe: name, Stream: id,
+				Count: len(batch), Seq: seq, Gap: time.Duration(maxGap * 1e6), GapAt: at(gapAt), Backend: "pod-b"})
+			batch, maxGap = nil, 0
+		}
+		for ms := 405.0; ms < 6000; ms += 5 {
+			if int(ms)%100 == 0 {
+				flush()
+			}
+			if end != nil && id == end.Stream && ms >= float64(end.Time-base)/1e6 {
+				break
+			}
+			if silent != nil && silent(id, ms) {
+				continue
+			}
+			seq++
+			if last >= 0 && ms-last > maxGap {
+				maxGap, gapAt = ms-last, last
+			}
+			if last >= 0 && ms-last > 50 {
+				tl.Add(probe.Event{Time: at(last), End: at(ms), Kind: probe.KindGap, Probe: name, Stream: id, Gap: time.Duration((ms - last) * 1e6), Seq: seq})
+			}
+			batch = append(batch, ms)
+			last = ms
+		}
+		flush()
+		if end != nil && id == end.Stream {
+			e := *end
+			e.Probe, e.Kind = name, probe.KindEnd
+			tl.Add(e)
+		}
+	}
+}
+
+// udp adds datagrams alternately to S and D every ms from 500 ms to 5.9 s, and their
+// receipt when delivered(label, ms) says so.
+func udp(tl *timeline.Timeline, delivered func(label string, ms float64) bool) {
+	lifecycle(tl, "p", probe.RoleUDP, 450, 6000)
+	lifecycle(tl, "s", probe.RoleServe, 100, 6200)
+	lifecycle(tl, "d", probe.RoleServe, 100, 6200)
+	seq := uint64(0)
+	for ms := 500.0; ms < 5900; ms++ {
+		seq++
+		label, srv := "S", "s"
+		if seq%2 == 0 {
+			label, srv = "D", "d"
+		}
+		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "p", Seq: seq, Target: label, Outcome: probe.OK})
+		if delivered(label, ms) {
+			tl.Add(probe.Event{Time: at(ms), End: at(ms + 0.1), Kind: probe.KindRecv, Probe: srv, Seq: seq, From: "p", Target: label, Proto: "udp", Backend: srv})
+		}
+	}
+}
+
+type check struct {
+	name      string
+	build     func(tl *timeline.Timeline)
+	matcher   func() matchers.Matcher
+	pass      bool
+	verdict   matchers.Verdict
+	contains  []string // in the failure message, or in the error for instrument verdicts
+	figure    string
+	figureVal float64
+}
+
+func run(t *testing.T, cases []check) {
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			g := NewWithT(t)
+			tl := newTimeline()
+			c.build(tl)
+			w := window(tl)
+			m := c.matcher()
+			ok, err := m.Match(w)
+			res := m.Result()
+			g.Expect(res.Verdict).To(Equal(c.verdict), "result %+v, err %v", res, err)
+			if c.verdict == matchers.Instrument {
+				g.Expect(err).To(MatchError(matchers.ErrInstrument))
+				for _, s := range c.contains {
+					g.Expect(err.Error()).To(ContainSubstring(s))
+				}
+				return
+			}
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(ok).To(Equal(c.pass))
+			msg := m.NegatedFailureMessage(w)
+			if !ok {
+				msg = m.FailureMessage(w)
+			}
+			t.Logf("message:\n%s", msg)
+			for _, s := range c.contains {
+				g.Expect(msg).To(ContainSubstring(s))
+			}
+			if c.figure != "" {
+				found := false
+				for _, f := range res.Figures {
+					if f.Name == c.figure {
+						found = true
+						g.Expect(f.Value).To(BeNumerically("~", c.figureVal, 0.01), "figure %s", f.Text)
+						g.Expect(f.Within()).To(Equal(c.pass))
+					}
+				}
+				g.Expect(found).To(BeTrue(), "figure %s in %+v", c.figure, res.Figures)
+			}
+		})
+	}
+}
+
+func TestHaveNoFailedAttempts(t *testing.T) {
+	run(t, []check{{
+		name:    "passes on a clean run",
+		build:   func(tl *timeline.Timeline) { connects(tl, "ext", nil) },
+		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts() },
+		pass:    true, verdict: matchers.Pass, figure: "failed_attempts", figureVal: 0,
+		contains: []string{"failed 0 of 2251 attempts"},
+	}, {
+		name: "fails on timeouts after stop-sent, with the timeline",
+		build: func(tl *timeline.Timeline) {
+			connects(tl, "ext", func(ms float64) probe.Outcome {
+				if ms >= 2132 && ms < 2142 {
+					return probe.Timeout
+				}
+				return probe.OK
+			})
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts() },
+		verdict: matchers.Violation, figure: "failed_attempts", figureVal: 5,
+		contains: []string{
+			"failed 5 of 2251 attempts (budget 0): 0 reset-or-refused, 5 timeout",
+			"First violation: probe ext, started +32.0 ms after exited (68.0 ms before start-sent)",
+			"attempt #817 to 10.0.0.1:80: TIMEOUT after 1000.0 ms",
+			"===== exited =====", "<==", "attempts #", "ext #817..#821 TIMEOUT (5)",
+		},
+	}, {
+		name: "fails on a refusal with a budget of one refusal less",
+		build: func(tl *timeline.Timeline) {
+			connects(tl, "ext", func(ms float64) probe.Outcome {
+				if ms == 2600 || ms == 2800 {
+					return probe.Refused
+				}
+				return probe.OK
+			})
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts(matchers.Allow(1)) },
+		verdict: matchers.Violation, figure: "failed_attempts", figureVal: 2,
+		contains: []string{"2 reset-or-refused", "REFUSED", "after ready"},
+	}, {
+		name:     "fails on a wrong backend",
+		build:    func(tl *timeline.Timeline) { connects(tl, "ext", nil) },
+		matcher:  func() matchers.Matcher { return matchers.HaveNoFailedAttempts(matchers.Backends("pod-z")) },
+		verdict:  matchers.Violation,
+		contains: []string{"WRONG BACKEND pod-a (expected pod-z)"},
+	}, {
+		name: "ignores failures outside the window",
+		build: func(tl *timeline.Timeline) {
+			connects(tl, "ext", func(ms float64) probe.Outcome {
+				if ms < 1000 || ms > 5500 {
+					return probe.Timeout
+				}
+				return probe.OK
+			})
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts() },
+		pass:    true, verdict: matchers.Pass,
+	}, {
+		name: "is an instrument error when the probe was blind",
+		build: func(tl *timeline.Timeline) {
+			lifecycle(tl, "ext", probe.RoleConnect, 400, 6000)
+			for ms := 500.0; ms < 6000; ms += 2 {
+				if ms < 3000 || ms > 3400 {
+					tl.Add(probe.Event{Time: at(ms), Kind: probe.KindAttempt, Probe: "ext", Outcome: probe.OK})
+				}
+			}
+		},
+		matcher:  func() matchers.Matcher { return matchers.HaveNoFailedAttempts() },
+		verdict:  matchers.Instrument,
+		contains: []string{"probe ext started no attempt for 404.0 ms", "blind"},
+	}, {
+		name: "is an instrument error when the probe crashed",
+		build: func(tl *timeline.Timeline) {
+			tl.Add(probe.Event{Time: at(400), Kind: probe.KindReady, Probe: "ext", Role: probe.RoleConnect})
+			tl.Add(probe.Event{Time: at(2000), Kind: probe.KindMark, Probe: "ext"})
+			tl.Add(probe.Event{Time: at(2300), Kind: probe.KindExit, Probe: "ext", Outcome: probe.Crashed, Err: "signal: segmentation fault"})
+		},
+		matcher:  func() matchers.Matcher { return matchers.HaveNoFailedAttempts() },
+		verdict:  matchers.Instrument,
+		contains: []string{"probe ext has reported only up to", "CRASHED: signal: segmentation fault"},
+	}, {
+		name:     "is an instrument error without a connect probe",
+		build:    func(tl *timeline.Timeline) {},
+		matcher:  func() matchers.Matcher { return matchers.HaveNoFailedAttempts() },
+		verdict:  matchers.Instrument,
+		contains: []string{"no connect probe"},
+	}})
+}
+
+func TestHaveStreamGapsWithin(t *testing.T) {
+	run(t, []check{{
+		name:    "passes on steady streams",
+		build:   func(tl *timeline.Timeline) { streams(tl, "st", 3, nil, nil) },
+		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		pass:    true, verdict: matchers.Pass, figure: "max_gap", figureVal: 5,
+		contains: []string{"max gap 5.0 ms"},
+	}, {
+		name: "fails on a 300 ms silence",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 3, func(id int, ms float64) bool { return id == 2 && ms > 2100 && ms < 2400 }, nil)
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		verdict: matchers.Violation, figure: "max_gap", figureVal: 300,
+		contains: []string{"stream st/2 (answered by pod-b) went 300.0 ms without an echo, from +0.0 ms after exited",
+			"GAP of 300.0 ms", "<=="},
+	}, {
+		name: "fails on a stream that dies, up to the window end",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 2, nil, &probe.Event{Time: at(3000), Stream: 1, Outcome: probe.Reset, Err: "send: connection reset (RST)"})
+		},
+		matcher:  func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		verdict:  matchers.Violation,
+		contains: []string{"had no echo from", "to the window end", "it ended +500.0 ms after ready: RESET"},
+	}, {
+		name: "passes when the silence is outside the window",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 1, func(id int, ms float64) bool { return ms > 600 && ms < 900 }, nil)
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		pass:    true, verdict: matchers.Pass,
+	}})
+}
+
+func TestHaveNoResets(t *testing.T) {
+	run(t, []check{{
+		name:    "passes without resets",
+		build:   func(tl *timeline.Timeline) { streams(tl, "st", 2, nil, nil) },
+		matcher: func() matchers.Matcher { return matchers.HaveNoResets() },
+		pass:    true, verdict: matchers.Pass, figure: "resets", figureVal: 0,
+	}, {
+		name: "fails on a reset stream",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 2, nil, &probe.Event{Time: at(2150), Stream: 1, Outcome: probe.Reset, Err: "receive: connection reset (RST)"})
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveNoResets() },
+		verdict: matchers.Violation, figure: "resets", figureVal: 1,
+		contains: []string{"1 reset (RST) over 2 streams", "probe st +50.0 ms after exited", "ENDED: RESET", "<=="},
+	}, {
+		name: "fails on refused attempts too",
+		build: func(tl *timeline.Timeline) {
+			connects(tl, "ext", func(ms float64) probe.Outcome {
+				if ms == 2050 {
+					return probe.Refused
+				}
+				return probe.OK
+			})
+		},
+		matcher:  func() matchers.Matcher { return matchers.HaveNoResets() },
+		verdict:  matchers.Violation,
+		contains: []string{"REFUSED"},
+	}})
+}
+
+func TestBeAliveAtEnd(t *testing.T) {
+	run(t, []check{{
+		name:    "passes on living streams",
+		build:   func(tl *timeline.Timeline) { streams(tl, "st", 4, nil, nil) },
+		matcher: func() matchers.Matcher { return matchers.BeAliveAtEnd() },
+		pass:    true, verdict: matchers.Pass, figure: "dead_streams", figureVal: 0,
+		contains: []string{"0 of 4 streams dead"},
+	}, {
+		name: "fails on a reset stream",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 4, nil, &probe.Event{Time: at(4000), Stream: 3, Outcome: probe.Reset, Err: "x"})
+		},
+		matcher: func() matchers.Matcher { return matchers.BeAliveAtEnd() },
+		verdict: matchers.Violation, figure: "dead_streams", figureVal: 1,
+		contains: []string{"stream st/3 (answered by pod-b) ended +1500.0 ms after ready: RESET"},
+	}, {
+		name: "fails on a silent stream",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 2, func(id int, ms float64) bool { return id == 1 && ms > 4000 }, nil)
+		},
+		matcher:  func() matchers.Matcher { return matchers.BeAliveAtEnd() },
+		verdict:  matchers.Violation,
+		contains: []string{"stream st/1 (answered by pod-b) has had no echo since +1500.0 ms after ready (1500.0 ms before the end)"},
+	}, {
+		name: "is an instrument error when the probe stopped its streams early",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 1, nil, &probe.Event{Time: at(5000), Stream: 1, Outcome: probe.Stopped, Err: "probe stopped"})
+		},
+		matcher:  func() matchers.Matcher { return matchers.BeAliveAtEnd() },
+		verdict:  matchers.Instrument,
+		contains: []string{"stopped by its probe"},
+	}})
+}
+
+func TestHaveZeroDelivered(t *testing.T) {
+	denied := func(tl *timeline.Timeline, leak float64) {
+		connects(tl, "p", func(ms float64) probe.Outcome {
+			if ms == leak {
+				return probe.OK
+			}
+			return probe.Timeout
+		})
+		udp(tl, func(label string, ms float64) bool { return ms == leak+1 })
+	}
+	run(t, []check{{
+		name:    "passes when nothing gets through",
+		build:   func(tl *timeline.Timeline) { denied(tl, -1) },
+		matcher: func() matchers.Matcher { return matchers.HaveZeroDelivered() },
+		pass:    true, verdict: matchers.Pass, figure: "delivered", figureVal: 0,
+	}, {
+		name:    "fails when one attempt and one datagram get through",
+		build:   func(tl *timeline.Timeline) { denied(tl, 2300) },
+		matcher: func() matchers.Matcher { return matchers.HaveZeroDelivered() },
+		verdict: matchers.Violation, figure: "delivered", figureVal: 2,
+		contains: []string{"2 of", "from probe p, sent +100.0 ms after start-sent", "ok in 0.30 ms"},
+	}, {
+		name:     "is an instrument error when nothing was sent",
+		build:    func(tl *timeline.Timeline) { lifecycle(tl, "p", probe.RoleUDP, 400, 6000) },
+		matcher:  func() matchers.Matcher { return matchers.HaveZeroDelivered() },
+		verdict:  matchers.Instrument,
+		contains: []string{"sent nothing"},
+	}, {
+		name: "is an instrument error when a receiver stopped early",
+		build: func(tl *timeline.Timeline) {
+			denied(tl, -1)
+			lifecycle(tl, "late", probe.RoleServe, 100, 3000)
+		},
+		matcher:  func() matchers.Matcher { return matchers.HaveZeroDelivered() },
+		verdict:  matchers.Instrument,
+		contains: []string{"receiver: probe late has reported only up to"},
+	}})
+}
+
+func TestDeliverToOnceDeliveredTo(t *testing.T) {
+	run(t, []check{{
+		name: "passes when S is reached from the first D delivery on",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return ms >= 2300 })
+		},
+		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
+		pass:    true, verdict: matchers.Pass, figure: "lost_after_control", figureVal: 0,
+	}, {
+		name: "passes when S is reached before D",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return label == "S" && ms >= 2200 || ms >= 2300 })
+		},
+		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
+		pass:    true, verdict: matchers.Pass,
+	}, {
+		name: "fails when S lags behind D by 20 ms",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return label == "D" && ms >= 2300 || ms >= 2320 })
+		},
+		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
+		verdict: matchers.Violation, figure: "lost_after_control", figureVal: 9,
+		contains: []string{"9 of", "datagram #1803 from p to S, sent +102.0 ms after start-sent", "1.0 ms after #1802 to D which was delivered, was never delivered", "<=="},
+	}, {
+		name:     "fails its precondition when D is never reached",
+		build:    func(tl *timeline.Timeline) { udp(tl, func(label string, ms float64) bool { return label == "S" }) },
+		matcher:  func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
+		verdict:  matchers.Precondition,
+		contains: []string{"PRECONDITION NOT MET: no datagram to D was delivered"},
+	}})
+}
+
+func TestMatchRejectsOtherValues(t *testing.T) {
+	g := NewWithT(t)
+	_, err := matchers.HaveNoResets().Match(42)
+	g.Expect(err).To(HaveOccurred())
+	g.Expect(errors.Is(err, matchers.ErrInstrument)).To(BeFalse())
+	g.Expect(strings.Contains(err.Error(), "timeline.Window")).To(BeTrue())
+	_, err = matchers.HaveNoResets().Match(timeline.New())
+	g.Expect(err).To(HaveOccurred())
+}

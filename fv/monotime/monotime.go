@@ -1,0 +1,59 @@
+// Package monotime reads CLOCK_MONOTONIC, the one clock that the suite and every probe
+// share: all network namespaces of a host see the same monotonic clock, so events
+// stamped by different processes in different namespaces line up on one timeline.
+package monotime
+
+import (
+	"fmt"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Time is a reading of CLOCK_MONOTONIC in nanoseconds. Zero means "not set".
+type Time int64
+
+// Now reads CLOCK_MONOTONIC.
+func Now() Time {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		// CLOCK_MONOTONIC cannot fail on Linux; a failure here means the process is
+		// not on Linux at all, and no measurement would mean anything.
+		panic(fmt.Sprintf("clock_gettime(CLOCK_MONOTONIC): %v", err))
+	}
+	return Time(ts.Nano())
+}
+
+// Since is the time elapsed since t.
+func Since(t Time) time.Duration { return time.Duration(Now() - t) }
+
+// Sub returns t-u.
+func (t Time) Sub(u Time) time.Duration { return time.Duration(t - u) }
+
+// Add returns t+d.
+func (t Time) Add(d time.Duration) Time { return t + Time(d) }
+
+// Before reports whether t is before u.
+func (t Time) Before(u Time) bool { return t < u }
+
+// After reports whether t is after u.
+func (t Time) After(u Time) bool { return t > u }
+
+// IsZero reports whether t is unset.
+func (t Time) IsZero() bool { return t == 0 }
+
+// Wall converts t to a wall-clock time.Time, for the moments a person needs a date. It
+// is only as exact as the two clock readings it pairs.
+func (t Time) Wall() time.Time {
+	now, wall := Now(), time.Now()
+	return wall.Add(t.Sub(now))
+}
+
+// Deadline converts t to the time.Time that deadlines of the net and os packages take.
+func (t Time) Deadline() time.Time { return time.Now().Add(Until(t)) }
+
+// Until is the time remaining until t.
+func Until(t Time) time.Duration { return time.Duration(t - Now()) }
+
+// String formats t as seconds since boot, the unit a person reads in a dump.
+func (t Time) String() string { return fmt.Sprintf("%.6fs", float64(t)/1e9) }

@@ -1,0 +1,497 @@
+package probe
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Role is what a probe process does.
+type Role string
+
+// The probe roles.
+const (
+	// RoleServe answers TCP and UDP requests with its name and records what it receives.
+	RoleServe Role = "serve"
+	// RoleConnect opens a new TCP connection every interval, one request each.
+	RoleConnect Role = "connect"
+	// RoleStream holds long-lived TCP connections that exchange a message every interval.
+	RoleStream Role = "stream"
+	// RoleUDP sends sequence-numbered datagrams round-robin to several destinations.
+	RoleUDP Role = "udp"
+)
+
+// Defaults of the roles' settings; a zero field in a Config means its default.
+const (
+	DefaultReport         = 100 * time.Millisecond
+	DefaultConnectEvery   = 2 * time.Millisecond
+	DefaultConnectTimeout = time.Second
+	DefaultStreamEvery    = 5 * time.Millisecond
+	DefaultGapThreshold   = 50 * time.Millisecond
+	DefaultUDPEvery       = time.Millisecond
+	// MinInterval is the shortest schedule a probe accepts.
+	MinInterval = 100 * time.Microsecond
+)
+
+// Config is the configuration of one probe role: Serve, Connect, Stream or UDP.
+type Config interface {
+	// Role is the role the probe runs.
+	Role() Role
+	// ProbeName is the probe's name: it names the probe on the timeline, travels in
+	// its requests, and is the identity a server answers with.
+	ProbeName() string
+	// Args renders the configuration as the role's command-line flags.
+	Args() []string
+	// Validate reports a configuration the probe would refuse.
+	Validate() error
+}
+
+// Serve configures RoleServe: echo servers that answer with Name.
+type Serve struct {
+	Name string
+	// Address is the IP to listen on; empty means every address.
+	Address string
+	// TCP and UDP are the ports to serve.
+	TCP, UDP []int
+	// RecordTCP makes the server report every connect request and the first message
+	// of every stream as a KindRecv event (UDP requests are always reported).
+	RecordTCP bool
+	// Report is the period of watermarks; default DefaultReport.
+	Report time.Duration
+}
+
+// Connect configures RoleConnect.
+type Connect struct {
+	Name string
+	// Target is the host:port to connect to.
+	Target string
+	// Label travels in each request and comes back in the server's KindRecv events.
+	Label string
+	// Interval between attempt starts; default DefaultConnectEvery.
+	Interval time.Duration
+	// Timeout of one attempt, from its start to the reply; default DefaultConnectTimeout.
+	// A reply that arrives later is a timeout too.
+	Timeout time.Duration
+	// MaxInFlight bounds the attempts in flight; beyond it an attempt is Skipped.
+	// Default Timeout/Interval + 16, enough for a complete blackhole.
+	MaxInFlight int
+	// Count stops the probe after this many attempts; 0 runs until stopped.
+	Count int
+	// Report is the period of watermarks; default DefaultReport.
+	Report time.Duration
+}
+
+// Stream configures RoleStream.
+type Stream struct {
+	Name   string
+	Target string
+	Label  string
+	// Streams is the number of connections held; default 1.
+	Streams int
+	// Interval between messages on each stream; default DefaultStreamEvery.
+	Interval time.Duration
+	// DialTimeout bounds the opening of each stream; default DefaultConnectTimeout.
+	DialTimeout time.Duration
+	// GapThreshold: every gap between echoes longer than this is reported as its own
+	// KindGap event; default DefaultGapThreshold.
+	GapThreshold time.Duration
+	// Report is the period of KindEcho summaries and watermarks; default DefaultReport.
+	Report time.Duration
+}
+
+// Destination is where RoleUDP sends, under a label that travels in each datagram.
+type Destination struct {
+	Label string
+	Addr  string // ip:port
+}
+
+// UDP configures RoleUDP.
+type UDP struct {
+	Name string
+	// To are the destinations, served round-robin: datagram seq goes to
+	// To[(seq-1) % len(To)], one datagram per Interval, from the first one possible.
+	To []Destination
+	// Interval between datagrams; default DefaultUDPEvery.
+	Interval time.Duration
+	// NewSocket sends each datagram from a new socket (a new source port, so a new
+	// flow for the dataplane) instead of one socket for the whole run.
+	NewSocket bool
+	// Count stops the probe after this many datagrams; 0 runs until stopped.
+	Count int
+	// Report is the period of watermarks; default DefaultReport.
+	Report time.Duration
+}
+
+// Role implements Config.
+func (Serve) Role() Role { return RoleServe }
+
+// Role implements Config.
+func (Connect) Role() Role { return RoleConnect }
+
+// Role implements Config.
+func (Stream) Role() Role { return RoleStream }
+
+// Role implements Config.
+func (UDP) Role() Role { return RoleUDP }
+
+// ProbeName implements Config.
+func (c Serve) ProbeName() string { return c.Name }
+
+// ProbeName implements Config.
+func (c Connect) ProbeName() string { return c.Name }
+
+// ProbeName implements Config.
+func (c Stream) ProbeName() string { return c.Name }
+
+// ProbeName implements Config.
+func (c UDP) ProbeName() string { return c.Name }
+
+type args []string
+
+func (a *args) str(name, v string) {
+	if v != "" {
+		*a = append(*a, "-"+name+"="+v)
+	}
+}
+func (a *args) dur(name string, v time.Duration) {
+	if v != 0 {
+		*a = append(*a, "-"+name+"="+v.String())
+	}
+}
+func (a *args) num(name string, v int) {
+	if v != 0 {
+		*a = append(*a, "-"+name+"="+strconv.Itoa(v))
+	}
+}
+func (a *args) flag(name string, v bool) {
+	if v {
+		*a = append(*a, "-"+name)
+	}
+}
+
+// Args implements Config.
+func (c Serve) Args() []string {
+	var a args
+	a.str("name", c.Name)
+	a.str("address", c.Address)
+	a.str("tcp", joinPorts(c.TCP))
+	a.str("udp", joinPorts(c.UDP))
+	a.flag("record-tcp", c.RecordTCP)
+	a.dur("report", c.Report)
+	return a
+}
+
+// Args implements Config.
+func (c Connect) Args() []string {
+	var a args
+	a.str("name", c.Name)
+	a.str("target", c.Target)
+	a.str("label", c.Label)
+	a.dur("interval", c.Interval)
+	a.dur("timeout", c.Timeout)
+	a.num("max-inflight", c.MaxInFlight)
+	a.num("count", c.Count)
+	a.dur("report", c.Report)
+	return a
+}
+
+// Args implements Config.
+func (c Stream) Args() []string {
+	var a args
+	a.str("name", c.Name)
+	a.str("target", c.Target)
+	a.str("label", c.Label)
+	a.num("streams", c.Streams)
+	a.dur("interval", c.Interval)
+	a.dur("dial-timeout", c.DialTimeout)
+	a.dur("gap-threshold", c.GapThreshold)
+	a.dur("report", c.Report)
+	return a
+}
+
+// Args implements Config.
+func (c UDP) Args() []string {
+	var a args
+	a.str("name", c.Name)
+	for _, d := range c.To {
+		a.str("to", d.String())
+	}
+	a.dur("interval", c.Interval)
+	a.flag("new-socket", c.NewSocket)
+	a.num("count", c.Count)
+	a.dur("report", c.Report)
+	return a
+}
+
+// String renders d as the -to flag takes it: label=ip:port.
+func (d Destination) String() string {
+	if d.Label == "" {
+		return d.Addr
+	}
+	return d.Label + "=" + d.Addr
+}
+
+func joinPorts(ps []int) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = strconv.Itoa(p)
+	}
+	return strings.Join(s, ",")
+}
+
+func checkInterval(what string, d time.Duration) error {
+	if d != 0 && d < MinInterval {
+		return fmt.Errorf("%s %v is below the minimum %v", what, d, MinInterval)
+	}
+	if d < 0 {
+		return fmt.Errorf("%s %v is negative", what, d)
+	}
+	return nil
+}
+
+func checkHostPort(what, s string) error {
+	if s == "" {
+		return fmt.Errorf("%s is required", what)
+	}
+	if _, _, err := net.SplitHostPort(s); err != nil {
+		return fmt.Errorf("%s %q: %w", what, s, err)
+	}
+	return nil
+}
+
+// Validate implements Config.
+func (c Serve) Validate() error {
+	if err := checkToken("name", c.Name); err != nil {
+		return err
+	}
+	if len(c.TCP)+len(c.UDP) == 0 {
+		return errors.New("serve needs at least one TCP or UDP port")
+	}
+	for _, p := range append(append([]int{}, c.TCP...), c.UDP...) {
+		if p <= 0 || p > 65535 {
+			return fmt.Errorf("port %d out of range", p)
+		}
+	}
+	if c.Address != "" && net.ParseIP(c.Address) == nil {
+		return fmt.Errorf("address %q is not an IP", c.Address)
+	}
+	return checkInterval("report", c.Report)
+}
+
+// Validate implements Config.
+func (c Connect) Validate() error {
+	if err := checkToken("name", c.Name); err != nil {
+		return err
+	}
+	if c.Label != "" {
+		if err := checkToken("label", c.Label); err != nil {
+			return err
+		}
+	}
+	if err := checkHostPort("target", c.Target); err != nil {
+		return err
+	}
+	if c.Timeout < 0 || c.MaxInFlight < 0 || c.Count < 0 {
+		return errors.New("timeout, max-inflight and count must not be negative")
+	}
+	return errors.Join(checkInterval("interval", c.Interval), checkInterval("report", c.Report))
+}
+
+// Validate implements Config.
+func (c Stream) Validate() error {
+	if err := checkToken("name", c.Name); err != nil {
+		return err
+	}
+	if c.Label != "" {
+		if err := checkToken("label", c.Label); err != nil {
+			return err
+		}
+	}
+	if err := checkHostPort("target", c.Target); err != nil {
+		return err
+	}
+	if c.Streams < 0 || c.DialTimeout < 0 || c.GapThreshold < 0 {
+		return errors.New("streams, dial-timeout and gap-threshold must not be negative")
+	}
+	return errors.Join(checkInterval("interval", c.Interval), checkInterval("report", c.Report))
+}
+
+// Validate implements Config.
+func (c UDP) Validate() error {
+	if err := checkToken("name", c.Name); err != nil {
+		return err
+	}
+	if len(c.To) == 0 {
+		return errors.New("udp needs at least one destination")
+	}
+	for _, d := range c.To {
+		if d.Label != "" {
+			if err := checkToken("label", d.Label); err != nil {
+				return err
+			}
+		}
+		if err := checkHostPort("destination", d.Addr); err != nil {
+			return err
+		}
+	}
+	if c.Count < 0 {
+		return errors.New("count must not be negative")
+	}
+	return errors.Join(checkInterval("interval", c.Interval), checkInterval("report", c.Report))
+}
+
+func (c Serve) withDefaults() Serve {
+	c.Report = or(c.Report, DefaultReport)
+	return c
+}
+
+func (c Connect) withDefaults() Connect {
+	c.Interval = or(c.Interval, DefaultConnectEvery)
+	c.Timeout = or(c.Timeout, DefaultConnectTimeout)
+	c.Report = or(c.Report, DefaultReport)
+	if c.MaxInFlight == 0 {
+		c.MaxInFlight = int(c.Timeout/c.Interval) + 16
+	}
+	return c
+}
+
+func (c Stream) withDefaults() Stream {
+	if c.Streams == 0 {
+		c.Streams = 1
+	}
+	c.Interval = or(c.Interval, DefaultStreamEvery)
+	c.DialTimeout = or(c.DialTimeout, DefaultConnectTimeout)
+	c.GapThreshold = or(c.GapThreshold, DefaultGapThreshold)
+	c.Report = or(c.Report, DefaultReport)
+	return c
+}
+
+func (c UDP) withDefaults() UDP {
+	c.Interval = or(c.Interval, DefaultUDPEvery)
+	c.Report = or(c.Report, DefaultReport)
+	for i := range c.To {
+		if c.To[i].Label == "" {
+			c.To[i].Label = c.To[i].Addr
+		}
+	}
+	return c
+}
+
+func or(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+type portsFlag struct{ p *[]int }
+
+func (f portsFlag) String() string {
+	if f.p == nil {
+		return ""
+	}
+	return joinPorts(*f.p)
+}
+
+func (f portsFlag) Set(s string) error {
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part == "" {
+			continue
+		}
+		n, err := strconv.Atoi(part)
+		if err != nil {
+			return fmt.Errorf("port %q: %w", part, err)
+		}
+		*f.p = append(*f.p, n)
+	}
+	return nil
+}
+
+type destFlag struct{ d *[]Destination }
+
+func (f destFlag) String() string { return "" }
+
+func (f destFlag) Set(s string) error {
+	d := Destination{Addr: s}
+	if label, addr, ok := strings.Cut(s, "="); ok {
+		d = Destination{Label: label, Addr: addr}
+	}
+	*f.d = append(*f.d, d)
+	return nil
+}
+
+// parseConfig parses a role's flags into its Config, with defaults filled in.
+func parseConfig(role Role, argv []string, stderr io.Writer) (Config, error) {
+	fs := flag.NewFlagSet("probe "+string(role), flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cfg Config
+	switch role {
+	case RoleServe:
+		c := &Serve{}
+		fs.StringVar(&c.Name, "name", "", "identity answered to clients (required)")
+		fs.StringVar(&c.Address, "address", "", "IP to listen on (default every address)")
+		fs.Var(portsFlag{&c.TCP}, "tcp", "TCP ports to serve, comma separated")
+		fs.Var(portsFlag{&c.UDP}, "udp", "UDP ports to serve, comma separated")
+		fs.BoolVar(&c.RecordTCP, "record-tcp", false, "report TCP requests as recv events")
+		fs.DurationVar(&c.Report, "report", DefaultReport, "watermark period")
+		cfg = c
+	case RoleConnect:
+		c := &Connect{}
+		fs.StringVar(&c.Name, "name", "", "probe name (required)")
+		fs.StringVar(&c.Target, "target", "", "host:port to connect to (required)")
+		fs.StringVar(&c.Label, "label", "", "label carried in requests")
+		fs.DurationVar(&c.Interval, "interval", DefaultConnectEvery, "interval between attempt starts")
+		fs.DurationVar(&c.Timeout, "timeout", DefaultConnectTimeout, "timeout of one attempt")
+		fs.IntVar(&c.MaxInFlight, "max-inflight", 0, "attempts in flight at most (default timeout/interval+16)")
+		fs.IntVar(&c.Count, "count", 0, "stop after this many attempts (0: until stopped)")
+		fs.DurationVar(&c.Report, "report", DefaultReport, "watermark period")
+		cfg = c
+	case RoleStream:
+		c := &Stream{}
+		fs.StringVar(&c.Name, "name", "", "probe name (required)")
+		fs.StringVar(&c.Target, "target", "", "host:port to connect to (required)")
+		fs.StringVar(&c.Label, "label", "", "label carried in requests")
+		fs.IntVar(&c.Streams, "streams", 1, "number of streams")
+		fs.DurationVar(&c.Interval, "interval", DefaultStreamEvery, "interval between messages on a stream")
+		fs.DurationVar(&c.DialTimeout, "dial-timeout", DefaultConnectTimeout, "timeout to open a stream")
+		fs.DurationVar(&c.GapThreshold, "gap-threshold", DefaultGapThreshold, "report every gap longer than this")
+		fs.DurationVar(&c.Report, "report", DefaultReport, "period of echo summaries and watermarks")
+		cfg = c
+	case RoleUDP:
+		c := &UDP{}
+		fs.StringVar(&c.Name, "name", "", "probe name (required)")
+		fs.Var(destFlag{&c.To}, "to", "destination label=ip:port (repeatable, served round-robin)")
+		fs.DurationVar(&c.Interval, "interval", DefaultUDPEvery, "interval between datagrams")
+		fs.BoolVar(&c.NewSocket, "new-socket", false, "a new socket (source port) for every datagram")
+		fs.IntVar(&c.Count, "count", 0, "stop after this many datagrams (0: until stopped)")
+		fs.DurationVar(&c.Report, "report", DefaultReport, "watermark period")
+		cfg = c
+	default:
+		return nil, fmt.Errorf("unknown role %q (serve, connect, stream, udp)", role)
+	}
+	if err := fs.Parse(argv); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch c := cfg.(type) {
+	case *Serve:
+		cfg = c.withDefaults()
+	case *Connect:
+		cfg = c.withDefaults()
+	case *Stream:
+		cfg = c.withDefaults()
+	case *UDP:
+		cfg = c.withDefaults()
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("probe %s: %w", role, err)
+	}
+	return cfg, nil
+}

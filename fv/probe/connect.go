@@ -1,0 +1,186 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dpconform/dpconform/fv/monotime"
+)
+
+// connector is RoleConnect: a new TCP connection every interval.
+type connector struct {
+	cfg Connect
+	em  *emitter
+
+	mu       sync.Mutex
+	inflight map[uint64]monotime.Time
+	made     atomic.Int64
+}
+
+func newConnector(cfg Connect, em *emitter) *connector {
+	return &connector{cfg: cfg, em: em, inflight: map[uint64]monotime.Time{}}
+}
+
+// mark is the start of the oldest attempt still in flight: every attempt that started
+// before it has been reported.
+func (c *connector) mark() monotime.Time {
+	m := monotime.Now()
+	c.mu.Lock()
+	for _, t := range c.inflight {
+		if t < m {
+			m = t
+		}
+	}
+	c.mu.Unlock()
+	return m
+}
+
+func (c *connector) run(ctx context.Context) (int, error) {
+	c.em.emit(Event{Time: monotime.Now(), Kind: KindReady, Role: RoleConnect, Probe: c.cfg.Name, PID: os.Getpid(), Target: c.cfg.Target})
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, c.cfg.MaxInFlight)
+	sched := newSchedule(c.cfg.Interval)
+	defer sched.stop()
+	for seq := uint64(1); c.cfg.Count == 0 || seq <= uint64(c.cfg.Count); seq++ {
+		if !sched.wait(ctx) {
+			break
+		}
+		t0 := monotime.Now()
+		select {
+		case slots <- struct{}{}:
+		default:
+			c.em.emit(Event{Time: t0, Kind: KindAttempt, Seq: seq, Target: c.cfg.Target, Outcome: Skipped,
+				Err: fmt.Sprintf("not attempted: %d attempts already in flight", c.cfg.MaxInFlight)})
+			continue
+		}
+		c.mu.Lock()
+		c.inflight[seq] = t0
+		c.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ev := c.attempt(seq, t0)
+			c.made.Add(1)
+			c.em.emit(ev)
+			c.mu.Lock()
+			delete(c.inflight, seq)
+			c.mu.Unlock()
+			<-slots
+		}()
+	}
+	// In-flight attempts run to their own deadline: cutting them short on stop would
+	// report timeouts that did not happen.
+	wg.Wait()
+	return int(c.made.Load()), nil
+}
+
+// attempt makes one connection: connect, send one request, read the reply, then wait
+// for the server's FIN so that the client is never the side left in TIME_WAIT.
+func (c *connector) attempt(seq uint64, t0 monotime.Time) (ev Event) {
+	ev = Event{Time: t0, Kind: KindAttempt, Seq: seq, Target: c.cfg.Target}
+	deadline := t0.Add(c.cfg.Timeout)
+	fail := func(phase string, err error) Event {
+		ev.Outcome, ev.Err = classify(phase, err)
+		ev.Latency = monotime.Since(t0)
+		return ev
+	}
+	d := net.Dialer{Deadline: deadline.Deadline(), KeepAlive: -1}
+	conn, err := d.Dial("tcp", c.cfg.Target)
+	if err != nil {
+		return fail("connect", err)
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(deadline.Deadline()); err != nil {
+		return fail("connect", err)
+	}
+	var buf [256]byte
+	req := request{kind: reqConnect, from: c.cfg.Name, seq: seq, sent: t0, label: c.cfg.Label}.append(buf[:0])
+	if _, err := conn.Write(req); err != nil {
+		return fail("send", err)
+	}
+	line, rest, err := readLine(conn, buf[:])
+	t1 := monotime.Now()
+	if err != nil {
+		if err == io.EOF && len(line) > 0 {
+			ev.Outcome, ev.Err, ev.Latency = WrongReply, fmt.Sprintf("reply: truncated %q", line), t1.Sub(t0)
+			return ev
+		}
+		return fail("reply", err)
+	}
+	ev.Latency = t1.Sub(t0)
+	if t1 > deadline {
+		ev.Outcome, ev.Err = Timeout, fmt.Sprintf("reply: arrived after the %v timeout", c.cfg.Timeout)
+		return ev
+	}
+	name, rseq, ok := parseReply(line)
+	if !ok || rseq != seq {
+		ev.Outcome, ev.Err = WrongReply, fmt.Sprintf("reply: %q is not the answer to request %d", line, seq)
+		return ev
+	}
+	ev.Outcome, ev.Backend = OK, name
+	if !rest {
+		// Wait for the FIN (usually already here, behind the reply).
+		_, _ = io.Copy(io.Discard, conn)
+	}
+	return ev
+}
+
+// readLine reads one line (without its newline) into buf; rest reports whether the
+// peer's EOF was read too.
+func readLine(conn net.Conn, buf []byte) (line []byte, eof bool, err error) {
+	n := 0
+	for {
+		if n == len(buf) {
+			return buf[:n], false, fmt.Errorf("line longer than %d bytes", len(buf))
+		}
+		m, err := conn.Read(buf[n:])
+		n += m
+		if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
+			return buf[:i], err == io.EOF, nil
+		}
+		if err != nil {
+			return buf[:n], err == io.EOF, err
+		}
+	}
+}
+
+// schedule paces a loop to absolute times start+k*interval. A loop that falls behind
+// (the process was starved) skips the missed slots instead of bursting, so the gap
+// shows on the timeline instead of being hidden by a flood.
+type schedule struct {
+	interval time.Duration
+	next     monotime.Time
+	timer    *time.Timer
+}
+
+func newSchedule(interval time.Duration) *schedule {
+	return &schedule{interval: interval, next: monotime.Now(), timer: time.NewTimer(time.Hour)}
+}
+
+// wait blocks until the next slot; false when ctx is done.
+func (s *schedule) wait(ctx context.Context) bool {
+	if d := monotime.Until(s.next); d > 0 {
+		s.timer.Reset(d)
+		select {
+		case <-ctx.Done():
+			return false
+		case <-s.timer.C:
+		}
+	} else if ctx.Err() != nil {
+		return false
+	}
+	s.next = s.next.Add(s.interval)
+	if now := monotime.Now(); now.Sub(s.next) > s.interval {
+		s.next = now
+	}
+	return true
+}
+
+func (s *schedule) stop() { s.timer.Stop() }

@@ -1,0 +1,231 @@
+package probe
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/dpconform/dpconform/fv/monotime"
+)
+
+// EnvChild is set to "1" in the environment of a probe started from a Self Program;
+// RunIfChild looks for it.
+const EnvChild = "DPC_PROBE_CHILD"
+
+const usage = `usage: probe <role> [flags]
+
+roles:
+  serve    -name N -tcp P[,P] -udp P[,P] [-record-tcp]
+  connect  -name N -target HOST:PORT [-interval 2ms] [-timeout 1s] [-count N]
+  stream   -name N -target HOST:PORT [-streams K] [-interval 5ms]
+  udp      -name N -to LABEL=IP:PORT [-to ...] [-interval 1ms]
+
+The probe writes one JSON event per line on stdout and reads commands on stdin:
+"stop" (or closing stdin, or SIGTERM) stops it cleanly, "mark" asks for a watermark.
+"probe <role> -h" lists a role's flags.
+`
+
+// RunIfChild runs the probe and exits when this process was started as a probe from a
+// Self Program; otherwise it returns at once. Call it first in TestMain (or main) of
+// every binary that re-executes itself as a probe.
+func RunIfChild() {
+	if os.Getenv(EnvChild) == "1" {
+		os.Exit(Main(os.Args[1:]))
+	}
+}
+
+// Main runs the probe role args[0] with the flags args[1:], writing events to stdout,
+// and returns the exit code: 0 after a clean stop, 1 on an error of the probe, 2 on
+// bad usage. The main binary calls it for "dpconform probe <role> [flags]":
+//
+//	os.Exit(probe.Main(os.Args[2:]))
+func Main(args []string) int {
+	return run(args, os.Stdin, os.Stdout, os.Stderr)
+}
+
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "help" || args[0] == "--help" {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	cfg, err := parseConfig(Role(args[0]), args[1:], stderr)
+	if err != nil {
+		fmt.Fprintf(stderr, "probe: %v\n\n%s", err, usage)
+		return 2
+	}
+	em := newEmitter(stdout)
+	r, err := newRunner(cfg, em)
+	if err != nil {
+		em.emit(Event{Time: monotime.Now(), Kind: KindError, Err: err.Error()})
+		em.close()
+		fmt.Fprintf(stderr, "probe %s: %v\n", cfg.Role(), err)
+		return 1
+	}
+
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sig)
+	go func() {
+		select {
+		case <-sig:
+			stop()
+		case <-ctx.Done():
+		}
+	}()
+	go control(ctx, stdin, stop, r, em)
+	go func() {
+		t := time.NewTicker(reportPeriod(cfg))
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				em.emit(Event{Time: r.mark(), Kind: KindMark})
+			}
+		}
+	}()
+
+	count, err := r.run(ctx)
+	if err != nil {
+		em.emit(Event{Time: monotime.Now(), Kind: KindError, Err: err.Error()})
+		em.close()
+		fmt.Fprintf(stderr, "probe %s %s: %v\n", cfg.Role(), cfg.ProbeName(), err)
+		return 1
+	}
+	em.emit(Event{Time: monotime.Now(), Kind: KindDone, Count: count})
+	em.close()
+	return 0
+}
+
+func reportPeriod(cfg Config) time.Duration {
+	switch c := cfg.(type) {
+	case Serve:
+		return c.Report
+	case Connect:
+		return c.Report
+	case Stream:
+		return c.Report
+	case UDP:
+		return c.Report
+	}
+	return DefaultReport
+}
+
+// control reads commands from stdin; the end of stdin stops the probe, which is also
+// how a probe ends when the suite that started it dies.
+func control(ctx context.Context, stdin io.Reader, stop func(), r runner, em *emitter) {
+	defer stop()
+	sc := bufio.NewScanner(stdin)
+	for sc.Scan() {
+		switch cmd := strings.TrimSpace(sc.Text()); cmd {
+		case "stop":
+			return
+		case "mark":
+			em.emit(Event{Time: r.mark(), Kind: KindMark})
+		case "":
+		default:
+			em.emit(Event{Time: monotime.Now(), Kind: KindError, Err: fmt.Sprintf("unknown command %q (stop, mark)", cmd)})
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// runner is one role at work.
+type runner interface {
+	// run works until ctx is cancelled, lets what is in flight finish, and returns the
+	// number of attempts, datagrams or echoes made.
+	run(ctx context.Context) (int, error)
+	// mark returns the current watermark.
+	mark() monotime.Time
+}
+
+func newRunner(cfg Config, em *emitter) (runner, error) {
+	switch c := cfg.(type) {
+	case Serve:
+		return newServer(c, em), nil
+	case Connect:
+		return newConnector(c, em), nil
+	case Stream:
+		return newStreamer(c, em), nil
+	case UDP:
+		return newUDPSender(c, em)
+	}
+	return nil, fmt.Errorf("no runner for %T", cfg)
+}
+
+// emitter writes events to stdout from one goroutine. Producers never block on the
+// pipe: a slow reader must not stall the schedule being measured, so the queue is
+// unbounded and written in batches.
+type emitter struct {
+	mu     sync.Mutex
+	queue  []Event
+	closed bool
+	wake   chan struct{}
+	done   chan struct{}
+	w      *bufio.Writer
+}
+
+func newEmitter(w io.Writer) *emitter {
+	e := &emitter{wake: make(chan struct{}, 1), done: make(chan struct{}), w: bufio.NewWriterSize(w, 64*1024)}
+	go e.loop()
+	return e
+}
+
+func (e *emitter) emit(ev Event) {
+	e.mu.Lock()
+	if !e.closed {
+		e.queue = append(e.queue, ev)
+	}
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (e *emitter) loop() {
+	defer close(e.done)
+	enc := json.NewEncoder(e.w)
+	var batch []Event
+	for {
+		<-e.wake
+		e.mu.Lock()
+		batch, e.queue = e.queue, batch[:0]
+		closed := e.closed
+		e.mu.Unlock()
+		for i := range batch {
+			// An encoding error cannot happen for Event; a write error means the
+			// suite is gone, and the probe then stops on the end of stdin.
+			_ = enc.Encode(&batch[i])
+		}
+		_ = e.w.Flush()
+		if closed {
+			return
+		}
+	}
+}
+
+// close writes what is queued and stops the emitter.
+func (e *emitter) close() {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	<-e.done
+}

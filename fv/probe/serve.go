@@ -1,0 +1,197 @@
+package probe
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dpconform/dpconform/fv/monotime"
+)
+
+// server is RoleServe: TCP and UDP echo servers that answer with their name.
+type server struct {
+	cfg      Serve
+	em       *emitter
+	requests atomic.Int64
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+}
+
+func newServer(cfg Serve, em *emitter) *server {
+	return &server{cfg: cfg, em: em, conns: map[net.Conn]struct{}{}}
+}
+
+func (s *server) mark() monotime.Time { return monotime.Now() }
+
+func (s *server) run(ctx context.Context) (int, error) {
+	var tcp []net.Listener
+	var udp []*net.UDPConn
+	closeAll := func() {
+		for _, l := range tcp {
+			l.Close()
+		}
+		for _, c := range udp {
+			c.Close()
+		}
+	}
+	for _, p := range s.cfg.TCP {
+		l, err := net.Listen("tcp", net.JoinHostPort(s.cfg.Address, strconv.Itoa(p)))
+		if err != nil {
+			closeAll()
+			return 0, fmt.Errorf("listen tcp port %d: %w", p, err)
+		}
+		tcp = append(tcp, l)
+	}
+	for _, p := range s.cfg.UDP {
+		c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.ParseIP(s.cfg.Address), Port: p})
+		if err != nil {
+			closeAll()
+			return 0, fmt.Errorf("listen udp port %d: %w", p, err)
+		}
+		udp = append(udp, c)
+	}
+	s.em.emit(Event{Time: monotime.Now(), Kind: KindReady, Role: RoleServe, Probe: s.cfg.Name, PID: os.Getpid()})
+
+	var wg sync.WaitGroup
+	errs := make(chan error, len(tcp)+len(udp))
+	for _, l := range tcp {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- s.acceptLoop(ctx, l, &wg)
+		}()
+	}
+	for _, c := range udp {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs <- s.udpLoop(ctx, c)
+		}()
+	}
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-errs:
+	}
+	closeAll()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	wg.Wait()
+	return int(s.requests.Load()), err
+}
+
+func (s *server) acceptLoop(ctx context.Context, l net.Listener, wg *sync.WaitGroup) error {
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			// EMFILE and friends are transient: report, keep serving.
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("accept on %s: %w", l.Addr(), err)
+			}
+			s.em.emit(Event{Time: monotime.Now(), Kind: KindError, Err: fmt.Sprintf("accept on %s: %v", l.Addr(), err)})
+			time.Sleep(10 * time.Millisecond) // out of file descriptors: do not spin
+			continue
+		}
+		s.mu.Lock()
+		if ctx.Err() != nil {
+			s.mu.Unlock()
+			c.Close()
+			return nil
+		}
+		s.conns[c] = struct{}{}
+		s.mu.Unlock()
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.serveConn(c)
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+		}()
+	}
+}
+
+func (s *server) serveConn(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReaderSize(c, 512)
+	var out []byte
+	first := true
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil {
+			return
+		}
+		t1 := monotime.Now()
+		req, ok := parseRequest(line)
+		out = out[:0]
+		if !ok {
+			out = append(append(out, s.cfg.Name...), '\n')
+		} else {
+			s.requests.Add(1)
+			out = appendReply(out, s.cfg.Name, req.seq)
+		}
+		if _, err := c.Write(out); err != nil {
+			return
+		}
+		if !ok {
+			continue
+		}
+		if s.cfg.RecordTCP && (req.kind == reqConnect || first) {
+			s.em.emit(Event{Time: req.sent, Kind: KindRecv, Proto: "tcp", Seq: req.seq, From: req.from,
+				Target: req.label, End: t1, Peer: c.RemoteAddr().String(), Backend: s.cfg.Name})
+		}
+		first = false
+		if req.kind == reqConnect {
+			// Close first: TIME_WAIT stays here, and the client's port is free at once.
+			return
+		}
+	}
+}
+
+func (s *server) udpLoop(ctx context.Context, c *net.UDPConn) error {
+	buf := make([]byte, 2048)
+	var out []byte
+	for {
+		n, peer, err := c.ReadFromUDP(buf)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return fmt.Errorf("read udp on %s: %w", c.LocalAddr(), err)
+			}
+			continue
+		}
+		t1 := monotime.Now()
+		req, ok := parseRequest(buf[:n])
+		out = out[:0]
+		if !ok {
+			out = append(append(out, s.cfg.Name...), '\n')
+		} else {
+			s.requests.Add(1)
+			s.em.emit(Event{Time: req.sent, Kind: KindRecv, Proto: "udp", Seq: req.seq, From: req.from,
+				Target: req.label, End: t1, Peer: peer.String(), Backend: s.cfg.Name})
+			out = appendReply(out, s.cfg.Name, req.seq)
+		}
+		// A reply that cannot be sent (no route back yet) is not the server's failure.
+		_, _ = c.WriteToUDP(out, peer)
+	}
+}

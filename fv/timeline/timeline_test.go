@@ -1,0 +1,115 @@
+package timeline_test
+
+import (
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
+)
+
+const ms = monotime.Time(time.Millisecond)
+
+func TestConcurrentAddsAreSortedInWindows(t *testing.T) {
+	tl := timeline.New()
+	var wg sync.WaitGroup
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 1000; i++ {
+				// Reported out of order, as attempts are (stamped at start, sent at end).
+				tl.Add(probe.Event{Time: monotime.Time(1000-i)*ms + monotime.Time(g), Kind: probe.KindAttempt, Probe: "p"})
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 100; i++ {
+			tl.RecordAt(monotime.Time(i)*10*ms, "step", "")
+		}
+	}()
+	wg.Wait()
+	if tl.Len() != 8000 {
+		t.Fatalf("Len = %d, want 8000", tl.Len())
+	}
+	w := tl.Window(100*ms, 200*ms)
+	for i := 1; i < len(w.Events); i++ {
+		if w.Events[i].Time < w.Events[i-1].Time {
+			t.Fatalf("events not sorted at %d", i)
+		}
+	}
+	if n := len(w.Inside()); n != 8*100+1 { // [100 ms, 200 ms]: the +g ns offsets push seven past the end
+		t.Fatalf("Inside = %d events, want %d", n, 8*100+1)
+	}
+	if len(w.Transitions) != 100 {
+		t.Fatalf("transitions = %d", len(w.Transitions))
+	}
+}
+
+func TestTransitionWindow(t *testing.T) {
+	tl := timeline.New()
+	if _, err := tl.TransitionWindow(time.Second, 3*time.Second); !errors.Is(err, timeline.ErrNoTransition) {
+		t.Fatalf("empty timeline: err = %v", err)
+	}
+	tl.RecordAt(10_000*ms, timeline.StopSent, "SIGTERM")
+	tl.RecordAt(10_200*ms, timeline.Exited, "")
+	if _, err := tl.TransitionWindow(time.Second, 3*time.Second); !errors.Is(err, timeline.ErrNoTransition) {
+		t.Fatalf("without ready: err = %v", err)
+	}
+	tl.RecordAt(10_300*ms, timeline.StartSent, "")
+	tl.RecordAt(10_900*ms, timeline.Ready, "")
+	w, err := tl.TransitionWindow(time.Second, 3*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Start != 9_000*ms || w.End != 13_900*ms {
+		t.Fatalf("window = [%v, %v]", w.Start, w.End)
+	}
+	for _, c := range []struct {
+		at   monotime.Time
+		want string
+	}{
+		{10_132 * ms, "+132.0 ms after stop-sent (68.0 ms before exited)"},
+		{9_500 * ms, "500.0 ms before stop-sent"},
+		{11_000 * ms, "+100.0 ms after ready"},
+	} {
+		if got := w.Relative(c.at); got != c.want {
+			t.Errorf("Relative(%v) = %q, want %q", c.at, got, c.want)
+		}
+	}
+	if got := w.String(); got != "window from 1000.0 ms before stop-sent to +3000.0 ms after ready (4.9 s)" {
+		t.Errorf("String = %q", got)
+	}
+}
+
+func TestExcerptGroupsRoutineEventsAndMarksHighlights(t *testing.T) {
+	tl := timeline.New()
+	tl.RecordAt(1000*ms, timeline.StopSent, "SIGTERM")
+	for i := 0; i < 100; i++ {
+		e := probe.Event{Time: monotime.Time(950+i) * ms, Kind: probe.KindAttempt, Probe: "ext", Seq: uint64(i + 1), Outcome: probe.OK, Backend: "a", Target: "t"}
+		if i == 60 {
+			e.Outcome, e.Err = probe.Reset, "receive: connection reset (RST)"
+		}
+		tl.Add(e)
+	}
+	w := tl.Whole()
+	out := w.Excerpt(1010*ms, 100*time.Millisecond, 100*time.Millisecond, func(e probe.Event) bool { return e.Outcome == probe.Reset })
+	t.Log("\n" + out)
+	for _, want := range []string{
+		"(times relative to stop-sent; +10.0 ms after stop-sent)",
+		"-50.000 ms  ext          attempts #1..#50 ok (50 over 49.0 ms",
+		"===== stop-sent (SIGTERM) =====",
+		"+10.000 ms  ext          attempt #61 to t: RESET after 0.0 ms (receive: connection reset (RST))   <==",
+		"attempts #62..#100 ok",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("excerpt lacks %q", want)
+		}
+	}
+}

@@ -1,0 +1,298 @@
+package timeline
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/probe"
+)
+
+// Window is a snapshot of a Timeline with the bounds an invariant is checked in.
+// Events and Transitions hold everything the timeline held, sorted by time, not only
+// what falls inside: a matcher also needs to see that a probe was ready before the
+// window and reported past its end. It marshals to JSON as it is, for reports.
+type Window struct {
+	Start       monotime.Time `json:"start"`
+	End         monotime.Time `json:"end"`
+	Events      []probe.Event `json:"events"`
+	Transitions []Transition  `json:"transitions"`
+}
+
+// Contains reports whether t is inside [Start, End].
+func (w Window) Contains(t monotime.Time) bool { return t >= w.Start && t <= w.End }
+
+// Inside returns the events stamped inside the window.
+func (w Window) Inside() []probe.Event {
+	lo := sort.Search(len(w.Events), func(i int) bool { return w.Events[i].Time >= w.Start })
+	hi := sort.Search(len(w.Events), func(i int) bool { return w.Events[i].Time > w.End })
+	return w.Events[lo:hi]
+}
+
+// Duration is the window's length.
+func (w Window) Duration() time.Duration { return w.End.Sub(w.Start) }
+
+// String describes the window relative to the transition events, e.g.
+// "window from 1000.0 ms before stop-sent to +3000.0 ms after ready (5.2 s)".
+func (w Window) String() string {
+	length := fmt.Sprintf("%.1f s", w.Duration().Seconds())
+	if w.Duration() < time.Second {
+		length = ms(w.Duration())
+	}
+	return fmt.Sprintf("window from %s to %s (%s)", w.Relative(w.Start), w.Relative(w.End), length)
+}
+
+// Relative places t relative to the transition events around it, e.g.
+// "+132.4 ms after stop-sent (18.0 ms before exited)". With no transition events it
+// is relative to the window start.
+func (w Window) Relative(t monotime.Time) string {
+	prev, next := w.around(t)
+	switch {
+	case prev != nil && next != nil:
+		return fmt.Sprintf("+%s after %s (%s before %s)", ms(t.Sub(prev.Time)), prev.Name, ms(next.Time.Sub(t)), next.Name)
+	case prev != nil:
+		return fmt.Sprintf("+%s after %s", ms(t.Sub(prev.Time)), prev.Name)
+	case next != nil:
+		return fmt.Sprintf("%s before %s", ms(next.Time.Sub(t)), next.Name)
+	}
+	return fmt.Sprintf("+%s after the window start", ms(t.Sub(w.Start)))
+}
+
+// around returns the last transition at or before t and the first after it.
+func (w Window) around(t monotime.Time) (prev, next *Transition) {
+	i := sort.Search(len(w.Transitions), func(i int) bool { return w.Transitions[i].Time > t })
+	if i > 0 {
+		prev = &w.Transitions[i-1]
+	}
+	if i < len(w.Transitions) {
+		next = &w.Transitions[i]
+	}
+	return prev, next
+}
+
+// reference is the time the lines of an excerpt around t are relative to: the last
+// transition at or before t, else the first after it, else the window start.
+func (w Window) reference(t monotime.Time) (monotime.Time, string) {
+	prev, next := w.around(t)
+	switch {
+	case prev != nil:
+		return prev.Time, prev.Name
+	case next != nil:
+		return next.Time, next.Name
+	}
+	return w.Start, "the window start"
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
+
+func signedMs(d time.Duration) string {
+	if d < 0 {
+		return fmt.Sprintf("-%.3f ms", float64(-d)/1e6)
+	}
+	return fmt.Sprintf("+%.3f ms", float64(d)/1e6)
+}
+
+// Excerpt renders the timeline from before ahead of at to after past it: probe
+// events (runs of routine successes collapsed into one line) and transition events,
+// each line relative to one reference transition. Events for which highlight
+// returns true are marked with "<==" and never collapsed.
+func (w Window) Excerpt(at monotime.Time, before, after time.Duration, highlight func(probe.Event) bool) string {
+	const maxLines = 48
+	from, to := at.Add(-before), at.Add(after)
+	ref, refName := w.reference(at)
+
+	type line struct {
+		t    monotime.Time
+		text string
+	}
+	var lines []line
+	add := func(t monotime.Time, probeName, text string) {
+		lines = append(lines, line{t, fmt.Sprintf("  %14s  %-12s %s", signedMs(t.Sub(ref)), probeName, text)})
+	}
+
+	// Merge events and transitions in time order. Routine events between two notable
+	// ones are grouped by probe, kind and destination, one line per group.
+	lo := sort.Search(len(w.Events), func(i int) bool { return w.Events[i].Time >= from })
+	evs := w.Events[lo:]
+	ti := sort.Search(len(w.Transitions), func(i int) bool { return w.Transitions[i].Time >= from })
+	type groupKey struct {
+		probe   string
+		kind    probe.Kind
+		target  string
+		outcome probe.Outcome
+	}
+	groups := map[groupKey][]probe.Event{}
+	var order []groupKey
+	flush := func() {
+		for _, k := range order {
+			run := groups[k]
+			if len(run) < 3 {
+				for _, e := range run {
+					add(e.Time, e.Probe, Describe(e))
+				}
+			} else {
+				add(run[0].Time, run[0].Probe, describeRun(run, run[len(run)-1].Time.Sub(run[0].Time)))
+			}
+			delete(groups, k)
+		}
+		order = order[:0]
+	}
+	for i := 0; ; i++ {
+		var e *probe.Event
+		if i < len(evs) && evs[i].Time <= to {
+			e = &evs[i]
+		}
+		for ti < len(w.Transitions) && w.Transitions[ti].Time <= to && (e == nil || w.Transitions[ti].Time <= e.Time) {
+			flush()
+			tr := w.Transitions[ti]
+			text := "===== " + tr.Name
+			if tr.Detail != "" {
+				text += " (" + tr.Detail + ")"
+			}
+			add(tr.Time, "", text+" =====")
+			ti++
+		}
+		if e == nil {
+			break
+		}
+		if e.Kind == probe.KindMark {
+			continue
+		}
+		hl := highlight != nil && highlight(*e)
+		if !hl && routine(*e) {
+			k := groupKey{e.Probe, e.Kind, e.Target, e.Outcome}
+			if _, ok := groups[k]; !ok {
+				order = append(order, k)
+			}
+			groups[k] = append(groups[k], *e)
+			continue
+		}
+		flush()
+		text := Describe(*e)
+		if hl {
+			text += "   <=="
+		}
+		add(e.Time, e.Probe, text)
+	}
+	flush()
+	sort.SliceStable(lines, func(i, j int) bool { return lines[i].t < lines[j].t })
+
+	// Keep the lines nearest to at.
+	if len(lines) > maxLines {
+		c := sort.Search(len(lines), func(i int) bool { return lines[i].t >= at })
+		lo := c - maxLines/2
+		if lo < 0 {
+			lo = 0
+		}
+		hi := lo + maxLines
+		if hi > len(lines) {
+			hi = len(lines)
+			lo = hi - maxLines
+		}
+		lines = lines[lo:hi]
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "  (times relative to %s; %s)\n", refName, w.Relative(at))
+	for _, l := range lines {
+		b.WriteString(l.text)
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// routine events are grouped in an excerpt unless highlighted.
+func routine(e probe.Event) bool {
+	switch e.Kind {
+	case probe.KindAttempt, probe.KindSent, probe.KindRecv:
+		return true
+	}
+	return false
+}
+
+func describeRun(run []probe.Event, span time.Duration) string {
+	first, last := run[0], run[len(run)-1]
+	backends := map[string]bool{}
+	var names []string
+	minLat, maxLat := first.Latency, first.Latency
+	for _, e := range run {
+		if e.Backend != "" && !backends[e.Backend] {
+			backends[e.Backend] = true
+			names = append(names, e.Backend)
+		}
+		minLat, maxLat = min(minLat, e.Latency), max(maxLat, e.Latency)
+	}
+	fail := strings.ToUpper(string(first.Outcome))
+	switch {
+	case first.Kind == probe.KindAttempt && first.Outcome != probe.OK:
+		return fmt.Sprintf("attempts #%d..#%d to %s: %s (%d over %s; %s)", first.Seq, last.Seq, first.Target, fail, len(run), ms(span), first.Err)
+	case first.Kind == probe.KindSent && first.Outcome != probe.OK:
+		return fmt.Sprintf("datagrams #%d..#%d to %s NOT SENT: %s (%d over %s; %s)", first.Seq, last.Seq, first.Target, fail, len(run), ms(span), first.Err)
+	case first.Kind == probe.KindAttempt:
+		return fmt.Sprintf("attempts #%d..#%d ok (%d over %s; latency %.2f-%.2f ms; answered by %s)",
+			first.Seq, last.Seq, len(run), ms(span), float64(minLat)/1e6, float64(maxLat)/1e6, strings.Join(names, ","))
+	case first.Kind == probe.KindSent:
+		return fmt.Sprintf("datagrams #%d..#%d to %s sent (%d over %s)", first.Seq, last.Seq, first.Target, len(run), ms(span))
+	default:
+		return fmt.Sprintf("received %d requests from %s (#%d..#%d%s) over %s", len(run), first.From, first.Seq, last.Seq, strings.TrimSuffix(", to "+first.Target, ", to "), ms(span))
+	}
+}
+
+// Describe renders one probe event for a person.
+func Describe(e probe.Event) string {
+	fail := strings.ToUpper(string(e.Outcome))
+	switch e.Kind {
+	case probe.KindReady:
+		return fmt.Sprintf("probe ready (%s, pid %d)", e.Role, e.PID)
+	case probe.KindAttempt:
+		if e.Outcome == probe.OK {
+			return fmt.Sprintf("attempt #%d to %s: ok in %.2f ms, answered by %s", e.Seq, e.Target, float64(e.Latency)/1e6, e.Backend)
+		}
+		return fmt.Sprintf("attempt #%d to %s: %s after %s (%s)", e.Seq, e.Target, fail, ms(e.Latency), e.Err)
+	case probe.KindOpen:
+		if e.Outcome == probe.OK {
+			return fmt.Sprintf("stream %d opened to %s in %.2f ms", e.Stream, e.Target, float64(e.Latency)/1e6)
+		}
+		return fmt.Sprintf("stream %d to %s failed to open: %s after %s (%s)", e.Stream, e.Target, fail, ms(e.Latency), e.Err)
+	case probe.KindEcho:
+		return fmt.Sprintf("stream %d: %d %s from %s up to #%d over %s, largest gap %s", e.Stream, e.Count, plural(e.Count, "echo", "echoes"), e.Backend, e.Seq, ms(e.End.Sub(e.Time)), ms(e.Gap))
+	case probe.KindGap:
+		return fmt.Sprintf("stream %d: GAP of %s without an echo (ended by echo #%d)", e.Stream, ms(e.Gap), e.Seq)
+	case probe.KindEnd:
+		if e.Outcome == probe.Stopped {
+			return fmt.Sprintf("stream %d stopped by the probe", e.Stream)
+		}
+		return fmt.Sprintf("stream %d (answered by %s) ENDED: %s (%s)", e.Stream, e.Backend, fail, e.Err)
+	case probe.KindSent:
+		if e.Outcome == probe.OK {
+			return fmt.Sprintf("datagram #%d to %s sent", e.Seq, e.Target)
+		}
+		return fmt.Sprintf("datagram #%d to %s NOT SENT: %s (%s)", e.Seq, e.Target, fail, e.Err)
+	case probe.KindRecv:
+		to := ""
+		if e.Target != "" {
+			to = " (to " + e.Target + ")"
+		}
+		return fmt.Sprintf("received %s #%d from %s%s after %s", e.Proto, e.Seq, e.From, to, ms(e.End.Sub(e.Time)))
+	case probe.KindMark:
+		return "watermark"
+	case probe.KindError:
+		return "PROBE ERROR: " + e.Err
+	case probe.KindDone:
+		return fmt.Sprintf("probe stopped cleanly (%d made)", e.Count)
+	case probe.KindExit:
+		if e.Outcome == probe.OK {
+			return "probe process exited"
+		}
+		return fmt.Sprintf("probe process %s: %s", fail, e.Err)
+	}
+	return fmt.Sprintf("%s %+v", e.Kind, e)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
