@@ -11,8 +11,13 @@ BIN := $(OUT)/bin
 RUNTIME_PKGS := iptables iproute2 conntrack util-linux kmod
 GENERATE_PKGS := clang llvm libbpf-dev
 
-.PHONY: all deps deps-generate control-plane cni binaries build test test-unit lint \
-        bench conformance generate cleanup clean
+.PHONY: all deps deps-generate control-plane cni binaries build test lint \
+        bench conformance selftest generate cleanup clean
+
+# The implementation `make conformance` runs against, and the profiles to run
+# (default: every profile it claims).
+DRIVER ?= $(BIN)/refdp-driver
+PROFILES ?=
 
 all: build
 
@@ -45,7 +50,7 @@ binaries: control-plane cni
 ## build: the project's own binaries into _output/bin
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./conformance/cmd/...
+	$(GO) build -o $(BIN)/ ./conformance/cmd/... ./reference/cmd/...
 
 ## generate: rebuild the BPF objects and their Go bindings with clang
 generate: deps-generate
@@ -65,11 +70,13 @@ test: deps deps-generate binaries lint
 bench: deps binaries
 	$(GO) test -count=1 -p 1 -run '^$$' -bench . -benchtime 3x -timeout 60m ./...
 
-## conformance: run the suite against the reference dataplane on a netns topology
+## conformance: run the suite against DRIVER (default: the reference) on a netns topology
 conformance: deps binaries build
-	@echo "dpconform conformance: the suite is not built yet (issue 5)."
-	@echo "What exists now: the netns topology (issue 2). Bringing it up and down once:"
-	$(GO) test -count=1 -timeout 10m ./topologies/...
+	$(BIN)/dpconform run --driver $(DRIVER) $(if $(PROFILES),--profiles $(PROFILES)) --output $(OUT)/conformance
+
+## selftest: every spec passes against the clean reference and fails against each fault it names
+selftest: deps binaries
+	$(GO) test -count=1 -timeout 60m ./conformance/selftest/ -ginkgo.v
 
 ## cleanup: remove what killed runs left behind
 cleanup: build

@@ -330,8 +330,14 @@ func (a *Agent) sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if st != (services.Stats{}) {
+	if st.FrontendsWritten+st.FrontendsDeleted+st.BackendsWritten+st.BackendsDeleted > 0 {
 		a.log.Info("services applied", "changes", st.String(), "hostIPsKnown", hostsOK)
+	}
+	if len(st.Rebuilt) > 0 {
+		// The fault treats a backend change as delete and re-create, and deleting a
+		// service forgets its flows.
+		n, err := a.purgeConntrack(st.Rebuilt)
+		a.log.Warn("fault: service rebuilt in place, its conntrack entries purged", "fault", faults.RebuildBackendsInPlace, "services", st.Rebuilt, "entries", n, "err", err)
 	}
 	if !a.iptablesDone {
 		if err := iptables.Ensure(ctx, iptables.Marks{Seen: bpf.MarkSeen, Fallthrough: bpf.MarkFallthrough, Mask: bpf.MarkMask}); err != nil {
@@ -389,4 +395,25 @@ func (a *Agent) syncEndpoints() error {
 		delete(a.attached, key)
 	}
 	return errors.Join(errs...)
+}
+
+// purgeConntrack deletes the conntrack entries of flows of the given services.
+func (a *Agent) purgeConntrack(ids []uint32) (int, error) {
+	stale := map[uint32]bool{}
+	for _, id := range ids {
+		stale[id] = true
+	}
+	var keys []bpf.ConntrackKey
+	err := a.dp.Conntrack().Iterate(func(k bpf.ConntrackKey, v bpf.ConntrackValue) bool {
+		if stale[v.ServiceID] {
+			keys = append(keys, k)
+		}
+		return true
+	})
+	for _, k := range keys {
+		if derr := a.dp.Conntrack().Delete(k); derr != nil && err == nil {
+			err = derr
+		}
+	}
+	return len(keys), err
 }

@@ -4,7 +4,6 @@ package e2e
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
 )
 
@@ -34,11 +34,8 @@ var binDir string
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
 	binDir = GinkgoT().TempDir()
-	for _, pkg := range []string{"refdp", "refdp-driver"} {
-		cmd := exec.CommandContext(ctx, "go", "build", "-o", filepath.Join(binDir, pkg), "github.com/dpconform/dpconform/reference/cmd/"+pkg)
-		out, err := cmd.CombinedOutput()
-		Expect(err).NotTo(HaveOccurred(), "go build %s: %s", pkg, out)
-	}
+	_, err := buildbin.Build(ctx, binDir, "reference/cmd/refdp", "reference/cmd/refdp-driver")
+	Expect(err).NotTo(HaveOccurred())
 }, NodeTimeout(5*time.Minute))
 
 // newDriver returns the reference's driver with faults switched on.

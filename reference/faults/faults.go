@@ -20,8 +20,10 @@ const (
 	FlushNATOnStart = "flush-nat-on-start"
 	// UnpinnedConntrack: the conntrack map is not pinned, so a restart loses it.
 	UnpinnedConntrack = "unpinned-conntrack"
-	// RebuildBackendsInPlace: a service whose backends change has its backend slots
-	// deleted and rewritten under its frontends instead of switched make-before-break.
+	// RebuildBackendsInPlace: a service whose backends change is deleted and re-created
+	// in place: its backend slots are emptied and rewritten under its frontends, and the
+	// conntrack entries of its flows are dropped with it, so established flows to the
+	// backends that stay lose their NAT state.
 	RebuildBackendsInPlace = "rebuild-backends-in-place"
 )
 
@@ -29,7 +31,7 @@ var known = map[string]string{
 	EagerServiceSync:       "service syncer applies before host IPs are known; host-IP discovery is late (Calico 12192)",
 	FlushNATOnStart:        "the agent empties the NAT frontend and backend maps when it starts",
 	UnpinnedConntrack:      "conntrack state does not survive an agent restart",
-	RebuildBackendsInPlace: "backend changes rewrite a service's backend slots in place",
+	RebuildBackendsInPlace: "a backend change deletes and re-creates the service in place, conntrack entries included",
 }
 
 // Set is a set of enabled faults.

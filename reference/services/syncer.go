@@ -54,10 +54,13 @@ func (s *Syncer) Flush() error {
 // Stats count what one Apply changed.
 type Stats struct {
 	FrontendsWritten, FrontendsDeleted, BackendsWritten, BackendsDeleted int
+	// Rebuilt are the service IDs rebuilt in place (the fault only); their flows'
+	// conntrack entries are stale.
+	Rebuilt []uint32
 }
 
 func (s Stats) String() string {
-	return fmt.Sprintf("frontends +%d -%d, backends +%d -%d", s.FrontendsWritten, s.FrontendsDeleted, s.BackendsWritten, s.BackendsDeleted)
+	return fmt.Sprintf("frontends +%d -%d, backends +%d -%d, rebuilt %v", s.FrontendsWritten, s.FrontendsDeleted, s.BackendsWritten, s.BackendsDeleted, s.Rebuilt)
 }
 
 // Apply writes d. Deletions happen only when complete is true: the caller knows the
@@ -133,7 +136,7 @@ func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
 		}
 	}
 
-	var st Stats
+	st := Stats{Rebuilt: rebuild}
 	var errs []error
 	// The fault: empty the service's backend slots before rewriting them.
 	for _, id := range rebuild {
