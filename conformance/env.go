@@ -149,6 +149,8 @@ func classify(r matchers.Result) FailureKind {
 		return KindGap
 	case val["dead_streams"] > 0:
 		return KindNotAlive
+	case val["hung_streams"] > 0 || hasOverBudget(r, "latest_end"):
+		return KindHang
 	case val["delivered"] > 0 || val["lost_after_control"] > 0:
 		return KindDelivered
 	}
@@ -179,7 +181,7 @@ func (e *Env) Transition(ctx context.Context, fn func(ctx context.Context) error
 	if err := e.World.StopProbes(ctx); err != nil {
 		return timeline.Window{}, fmt.Errorf("%w: %w", errEnvironment, err)
 	}
-	return e.World.Timeline.TransitionWindow(e.Budgets.Lead, e.Budgets.Settle)
+	return e.World.Timeline.SpanWindow(e.Budgets.Lead, e.Budgets.Settle)
 }
 
 // SteadyState lets traffic run for the SteadyState budget and returns the window since
@@ -204,4 +206,9 @@ func (e *Env) SteadyState(ctx context.Context) (timeline.Window, error) {
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
 	return s
+}
+
+// PreconditionFailf fails the spec for a precondition the implementation did not meet.
+func PreconditionFailf(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", errPrecondition, fmt.Sprintf(format, args...))
 }

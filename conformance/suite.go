@@ -20,6 +20,8 @@ type SuiteOptions struct {
 	Topology string
 	// Summary, if set, receives a table of the results at the end.
 	Summary io.Writer
+	// Focus, if set, runs only the specs whose IDs match these regular expressions.
+	Focus []string
 }
 
 // RunSuite turns the registry into Ginkgo specs (labelled with their profile and
@@ -72,7 +74,7 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 		for _, s := range Specs() {
 			res, ok := results[s.ID]
 			if !ok {
-				res = Result{ID: s.ID, Profile: s.Profile, Description: s.Description, Result: Skipped, Reason: "not selected by the label filter"}
+				res = Result{ID: s.ID, Profile: s.Profile, Description: s.Description, Result: Skipped, Reason: "not selected (focus or label filter)"}
 				if ok, why := r.Selected(s); !ok {
 					res.Reason = why
 				}
@@ -93,6 +95,7 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 	if repCfg.JUnitReport == "" {
 		repCfg.JUnitReport = filepath.Join(opts.OutputDir, "junit.xml")
 	}
+	suiteCfg.FocusStrings = append(suiteCfg.FocusStrings, opts.Focus...)
 	if len(r.cfg.Profiles) > 0 && suiteCfg.LabelFilter == "" {
 		suiteCfg.LabelFilter = strings.Join(r.cfg.Profiles, " || ")
 	}

@@ -75,14 +75,15 @@ var ErrInstrument = errors.New("instrument error")
 type Option func(*options)
 
 type options struct {
-	probes   []string
-	backends []string
-	to       []string
-	allow    int
-	maxBlind time.Duration
-	within   time.Duration
-	grace    time.Duration
-	context  time.Duration
+	probes     []string
+	onBackends []string
+	backends   []string
+	to         []string
+	allow      int
+	maxBlind   time.Duration
+	within     time.Duration
+	grace      time.Duration
+	context    time.Duration
 }
 
 // Defaults of the options.
@@ -131,6 +132,27 @@ func Grace(d time.Duration) Option { return func(o *options) { o.grace = d } }
 // Context is how much timeline a failure message shows on each side of the first
 // violation (default 100 ms).
 func Context(d time.Duration) Option { return func(o *options) { o.context = d } }
+
+// OnBackends restricts the stream matchers (HaveStreamGapsWithin, HaveNoResets,
+// BeAliveAtEnd, HaveStreamsEndedWithin) to streams answered by these backends, as
+// their echoes name them: for a Service, the dataplane picks the backend, so a spec
+// can only sort streams after the fact. HaveNoResets then ignores connect attempts.
+func OnBackends(names ...string) Option {
+	return func(o *options) { o.onBackends = append(o.onBackends, names...) }
+}
+
+// streamSelected reports whether a stream's backend is selected by OnBackends.
+func (o options) streamSelected(backend string) bool {
+	if len(o.onBackends) == 0 {
+		return true
+	}
+	for _, b := range o.onBackends {
+		if b == backend {
+			return true
+		}
+	}
+	return false
+}
 
 func (o options) selected(name string) bool {
 	if len(o.probes) == 0 {

@@ -73,7 +73,7 @@ func streamsOf(w timeline.Window, o options) []*streamState {
 	}
 	var out []*streamState
 	for _, s := range m {
-		if s.open != nil {
+		if s.open != nil && o.streamSelected(s.backend) {
 			out = append(out, s)
 		}
 	}
@@ -253,9 +253,20 @@ func HaveNoResets(opts ...Option) Matcher {
 		}
 		var resets []probe.Event
 		streams, attempts := 0, 0
+		backendOf := map[[2]any]string{}
+		if len(o.onBackends) > 0 {
+			for _, s := range streamsOf(w, options{probes: o.probes}) {
+				backendOf[[2]any{s.probe, s.id}] = s.backend
+			}
+		}
 		for _, e := range w.Inside() {
 			if !o.selected(e.Probe) {
 				continue
+			}
+			if len(o.onBackends) > 0 {
+				if e.Kind == probe.KindAttempt || !o.streamSelected(backendOf[[2]any{e.Probe, e.Stream}]) {
+					continue
+				}
 			}
 			switch e.Kind {
 			case probe.KindOpen:

@@ -116,6 +116,17 @@ func (tl *Timeline) TransitionWindow(lead, settle time.Duration) (Window, error)
 	return tl.Window(trans[0].Time.Add(-lead), ready.Add(settle)), nil
 }
 
+// SpanWindow returns the window of a spec whose transition has no agent coming back
+// (a service or endpoint change): from lead before the first transition event to
+// settle after the last one.
+func (tl *Timeline) SpanWindow(lead, settle time.Duration) (Window, error) {
+	trans := tl.Transitions()
+	if len(trans) == 0 {
+		return Window{}, fmt.Errorf("span window: %w: the timeline holds no transition event", ErrNoTransition)
+	}
+	return tl.Window(trans[0].Time.Add(-lead), trans[len(trans)-1].Time.Add(settle)), nil
+}
+
 // Whole returns a window from the first to the last event or transition held.
 func (tl *Timeline) Whole() Window {
 	w := tl.Window(0, 0)

@@ -113,3 +113,19 @@ func TestExcerptGroupsRoutineEventsAndMarksHighlights(t *testing.T) {
 		}
 	}
 }
+
+func TestSpanWindow(t *testing.T) {
+	tl := timeline.New()
+	if _, err := tl.SpanWindow(time.Second, time.Second); !errors.Is(err, timeline.ErrNoTransition) {
+		t.Fatalf("an empty timeline has no span: %v", err)
+	}
+	tl.RecordAt(10*ms, "backend-added", "")
+	tl.RecordAt(30*ms, "backend-removed", "")
+	w, err := tl.SpanWindow(5*time.Millisecond, 20*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Start != 5*ms || w.End != 50*ms {
+		t.Fatalf("span window [%d, %d], want [5 ms, 50 ms]", w.Start, w.End)
+	}
+}

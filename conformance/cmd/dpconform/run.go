@@ -31,6 +31,8 @@ func run(args []string) error {
 	var env multiFlag
 	fs.Var(&env, "driver-env", "KEY=VALUE added to every driver call's environment (repeatable)")
 	verbose := fs.Bool("v", false, "print progress")
+	var focus multiFlag
+	fs.Var(&focus, "focus", "run only specs whose ID matches this regular expression (repeatable)")
 	fs.Parse(args)
 	if *drv == "" {
 		return errors.New("--driver is required: the path of your implementation's driver executable (see docs/driver.md)")
@@ -60,7 +62,7 @@ func run(args []string) error {
 		return fmt.Errorf("ask the driver for info: %w", err)
 	}
 	t := &suiteT{}
-	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: os.Stdout})
+	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: os.Stdout, Focus: focus})
 	if t.failed {
 		return errors.New("the implementation did not pass every selected spec (see the report)")
 	}
