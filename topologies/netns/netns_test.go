@@ -48,7 +48,7 @@ var _ = Describe("a 2-node netns topology", Ordered, func() {
 
 	BeforeAll(func(sctx SpecContext) {
 		var err error
-		topo, err = netns.New(sctx, netns.Options{Logf: GinkgoLogr.Info})
+		topo, err = netns.New(sctx, netns.Options{Logf: func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) }})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() {
 			id, dir := topo.RunID(), topo.Dir()
