@@ -1,0 +1,66 @@
+// Package layering enforces the import rules of ARCHITECTURE.md on non-test code: the
+// suite knows an implementation only through its driver, the Kubernetes API and CNI,
+// exactly as it will know a vendor's; the reference is a dataplane on its own.
+package layering
+
+import (
+	"encoding/json"
+	"io"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const module = "github.com/dpconform/dpconform/"
+
+// forbidden maps a package tree to the trees its (non-test) code must not import.
+var forbidden = map[string][]string{
+	"conformance": {"reference", "bpf"},
+	"fv":          {"conformance", "reference", "bpf"},
+	"topologies":  {"conformance", "fv", "reference", "bpf"},
+	"reference":   {"conformance", "fv", "topologies"},
+	"bpf":         {"conformance", "fv", "topologies", "reference"},
+}
+
+func tree(pkg string) string {
+	rest := strings.TrimPrefix(pkg, module)
+	top, _, _ := strings.Cut(rest, "/")
+	return top
+}
+
+func TestLayering(t *testing.T) {
+	cmd := exec.Command("go", "list", "-json=ImportPath,Deps", module+"...")
+	cmd.Dir = "../.."
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	checked := 0
+	for {
+		var p struct {
+			ImportPath string
+			Deps       []string
+		}
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		bans := forbidden[tree(p.ImportPath)]
+		checked++
+		for _, d := range p.Deps {
+			if !strings.HasPrefix(d, module) {
+				continue
+			}
+			for _, ban := range bans {
+				if tree(d) == ban {
+					t.Errorf("%s imports %s: %s/ must not depend on %s/ (ARCHITECTURE.md, Layering)", p.ImportPath, d, tree(p.ImportPath), ban)
+				}
+			}
+		}
+	}
+	if checked < 10 {
+		t.Fatalf("only %d packages listed; the check would prove nothing", checked)
+	}
+}
