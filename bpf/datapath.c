@@ -75,9 +75,13 @@ struct {
 #define TCP_CSUM     16
 #define TCP_FLAGS    13
 #define UDP_CSUM     6
+#define TH_FIN       0x01
 #define TH_SYN       0x02
+#define TH_RST       0x04
 #define TH_ACK       0x10
-#define SNAT_TRIES   8
+#define SNAT_PORTS   (DPC_SNAT_PORT_MAX - DPC_SNAT_PORT_MIN + 1)
+#define NS_PER_MS    1000000ULL
+#define NS_PER_SEC   1000000000ULL
 
 struct pkt {
 	struct ct_key tuple;
@@ -131,6 +135,21 @@ static __always_inline int is_syn(const struct pkt *p)
 static __always_inline int is_tcp_midflow(const struct pkt *p)
 {
 	return p->tuple.proto == IPPROTO_TCP && !is_syn(p);
+}
+
+/* touch notes a packet on the conntrack entry it matched: when it was seen,
+ * and whether it closes (TCP FIN or RST) or restarts (a bare SYN) the flow. */
+static __always_inline void touch(struct ct_value *ct, const struct pkt *p, __u64 now)
+{
+	ct->last_seen_ns = now;
+	if (p->tuple.proto != IPPROTO_TCP)
+		return;
+	if (p->tcp_flags & (TH_FIN | TH_RST)) {
+		if (!(ct->flags & DPC_CT_CLOSING))
+			ct->flags |= DPC_CT_CLOSING;
+	} else if (is_syn(p) && (ct->flags & DPC_CT_CLOSING)) {
+		ct->flags &= ~DPC_CT_CLOSING;
+	}
 }
 
 static __always_inline void set_mark(struct __sk_buff *skb, __u32 mark)
@@ -279,7 +298,7 @@ static __always_inline int from_iface(struct __sk_buff *skb, int host)
 	now = bpf_ktime_get_ns();
 	ct = bpf_map_lookup_elem(&dpc_conntrack, &p.tuple);
 	if (ct) {
-		ct->last_seen_ns = now;
+		touch(ct, &p, now);
 		if (ct->flags & DPC_CT_SNAT_REPLY) {
 			/* A reply to our SNAT: back to the client. Its source
 			 * (the backend) is restored at host egress. */
@@ -301,7 +320,9 @@ static __always_inline int from_iface(struct __sk_buff *skb, int host)
 			return TC_ACT_OK;
 		}
 		/* A SYN on a known tuple: re-check the service below, so a
-		 * reused tuple does not stick to a backend that has gone. */
+		 * reused tuple does not stick to a backend that has gone. If
+		 * the backend stays, so do the entries (and the SNAT port,
+		 * which snat checks is still the flow's own). */
 	}
 
 	fk.addr = p.tuple.dst;
@@ -344,10 +365,85 @@ static __always_inline int from_iface(struct __sk_buff *skb, int host)
 	return TC_ACT_OK;
 }
 
+/* snat_owned: the SNAT reply entry o belongs to the flow of client
+ * (sv->nat_addr, sv->nat_port). */
+static __always_inline int snat_owned(const struct ct_value *o, const struct ct_value *sv)
+{
+	return (o->flags & DPC_CT_SNAT_REPLY) && o->nat_addr == sv->nat_addr &&
+	       o->nat_port == sv->nat_port;
+}
+
+/* snat_reusable: the SNAT reply entry o, of another flow, may be taken over
+ * by a new flow (see DPC_SNAT_TRIES). Entries that are not SNAT reply
+ * entries (e.g. the node's own connections) are never taken over. */
+static __always_inline int snat_reusable(const struct ct_value *o, __u8 proto, __u64 now)
+{
+	/* Signed: another CPU may have seen a packet after our now. */
+	__s64 idle = (__s64)(now - o->last_seen_ns);
+
+	if (!(o->flags & DPC_CT_SNAT_REPLY))
+		return 0;
+	if ((o->flags & DPC_CT_CLOSING) && idle > (__s64)(DPC_CT_CLOSE_QUIET_MS * NS_PER_MS))
+		return 1;
+	if (proto == IPPROTO_TCP)
+		return idle > (__s64)(DPC_CT_TCP_IDLE_SEC * NS_PER_SEC);
+	return idle > (__s64)(DPC_CT_UDP_IDLE_SEC * NS_PER_SEC);
+}
+
+/* snat_pick finds a SNAT port for a flow (sk: its SNAT reply tuple, port
+ * still unset; sv: its SNAT reply entry) and records the entry. It returns
+ * the port, or 0 if every candidate is taken. */
+static __always_inline __be16 snat_pick(const struct pkt *p, struct ct_key *sk,
+					const struct ct_value *sv, __u64 now)
+{
+	struct ct_value *o;
+	__be16 victim = 0, cand;
+	__u64 victim_seen = 0;
+	__u32 h = flow_hash(&p->tuple);
+	int i;
+
+	for (i = 0; i < DPC_SNAT_TRIES; i++) {
+		cand = bpf_htons(DPC_SNAT_PORT_MIN + (h + i) % SNAT_PORTS);
+		sk->dport = cand;
+		o = bpf_map_lookup_elem(&dpc_conntrack, sk);
+		if (!o) {
+			if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_NOEXIST) == 0)
+				return cand; /* free: the first choice */
+			o = bpf_map_lookup_elem(&dpc_conntrack, sk); /* just taken */
+			if (!o)
+				continue;
+		}
+		if (snat_owned(o, sv)) {
+			/* This flow's own, e.g. after a new SYN on its tuple. */
+			touch(o, p, now);
+			return cand;
+		}
+		if (snat_reusable(o, p->tuple.proto, now) &&
+		    (!victim || o->last_seen_ns < victim_seen)) {
+			victim = cand;
+			victim_seen = o->last_seen_ns;
+		}
+	}
+	if (!victim)
+		return 0;
+
+	/* No free port: take over the least recently seen reusable entry,
+	 * unless a packet of its flow came meanwhile. */
+	sk->dport = victim;
+	o = bpf_map_lookup_elem(&dpc_conntrack, sk);
+	if (o && !snat_reusable(o, p->tuple.proto, now))
+		return 0;
+	if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_ANY) < 0)
+		return 0;
+	return victim;
+}
+
 /* snat gives a NodePort flow that leaves the host interface towards a remote
  * backend the host IP as source, with a port from the SNAT range, so that
  * the backend's replies come back through this node. rev is the flow's reply
- * entry. */
+ * entry; the flow's SNAT reply entry (keyed by the backend -> host IP:port
+ * tuple) is refreshed by the client's packets here, and by the backend's at
+ * host ingress. */
 static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, struct ct_value *rev,
 				__u64 now)
 {
@@ -363,43 +459,41 @@ static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, struct ct_
 	};
 	struct ct_key sk = {};
 	struct ct_value *o;
-	__be16 port = 0;
-	__u32 h;
-	int i;
+	__be16 port;
 
 	if (!cfg || !cfg->host_ip)
 		return 0; /* no host IP known: leave the source alone */
 
+	sk.src = p->tuple.dst;
+	sk.dst = cfg->host_ip;
+	sk.sport = p->tuple.dport;
+	sk.proto = p->tuple.proto;
+
 	if (rev->flags & DPC_CT_SNAT) {
 		port = rev->snat_port;
-	} else {
-		sk.src = p->tuple.dst;
-		sk.dst = cfg->host_ip;
-		sk.sport = p->tuple.dport;
-		sk.proto = p->tuple.proto;
-		h = flow_hash(&p->tuple);
-#pragma unroll
-		for (i = 0; i < SNAT_TRIES; i++) {
-			sk.dport = bpf_htons(DPC_SNAT_PORT_MIN +
-					     (h + i) % (DPC_SNAT_PORT_MAX - DPC_SNAT_PORT_MIN + 1));
-			o = bpf_map_lookup_elem(&dpc_conntrack, &sk);
-			if (!o && bpf_map_update_elem(&dpc_conntrack, &sk, &sv, BPF_NOEXIST) == 0) {
-				port = sk.dport;
-				break;
-			}
-			if (!o)
-				o = bpf_map_lookup_elem(&dpc_conntrack, &sk);
-			if (o && (o->flags & DPC_CT_SNAT_REPLY) && o->nat_addr == sv.nat_addr &&
-			    o->nat_port == sv.nat_port) {
-				port = sk.dport; /* this flow's own, e.g. after a new SYN */
-				break;
-			}
+		sk.dport = port;
+		o = bpf_map_lookup_elem(&dpc_conntrack, &sk);
+		if (o && snat_owned(o, &sv)) {
+			touch(o, p, now); /* the client's FIN or RST closes it too */
+			return rewrite(skb, p, 0, cfg->host_ip, port);
 		}
-		if (!port)
+		/* Evicted by the LRU: take the port again if it is still free. */
+		if (!o && bpf_map_update_elem(&dpc_conntrack, &sk, &sv, BPF_NOEXIST) == 0)
+			return rewrite(skb, p, 0, cfg->host_ip, port);
+		/* The port went to another flow (this one was closing or idle).
+		 * A late packet of this flow must not reach the backend on the
+		 * other flow's tuple: drop it. A new SYN on this tuple starts a
+		 * new flow, which picks a port afresh. */
+		if (!is_syn(p))
 			return -1;
-		rev->snat_port = port;
-		rev->flags |= DPC_CT_SNAT;
+		rev->flags &= ~DPC_CT_SNAT;
 	}
+
+	port = snat_pick(p, &sk, &sv, now);
+	if (!port)
+		return -1;
+	rev->snat_port = port;
+	rev->flags |= DPC_CT_SNAT;
 	return rewrite(skb, p, 0, cfg->host_ip, port);
 }
 
@@ -418,7 +512,7 @@ static __always_inline int to_iface(struct __sk_buff *skb, int host)
 	now = bpf_ktime_get_ns();
 	ct = bpf_map_lookup_elem(&dpc_conntrack, &p.tuple);
 	if (ct) {
-		ct->last_seen_ns = now;
+		touch(ct, &p, now);
 		if ((ct->flags & (DPC_CT_REPLY | DPC_CT_DNAT)) == (DPC_CT_REPLY | DPC_CT_DNAT) &&
 		    rewrite(skb, &p, 0, ct->nat_addr, ct->nat_port) < 0)
 			return TC_ACT_SHOT;
@@ -431,7 +525,7 @@ static __always_inline int to_iface(struct __sk_buff *skb, int host)
 	ct = bpf_map_lookup_elem(&dpc_conntrack, &r);
 	if (!ct || !(ct->flags & DPC_CT_REPLY))
 		return TC_ACT_OK; /* not tracked here, e.g. from the host itself */
-	ct->last_seen_ns = now;
+	touch(ct, &p, now);
 	if (host && (ct->flags & (DPC_CT_DNAT | DPC_CT_HOST_INGRESS)) ==
 			    (DPC_CT_DNAT | DPC_CT_HOST_INGRESS) &&
 	    snat(skb, &p, ct, now) < 0)

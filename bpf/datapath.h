@@ -39,6 +39,20 @@
 #define DPC_SNAT_PORT_MIN 61000
 #define DPC_SNAT_PORT_MAX 65535
 
+/* A new NodePort SNAT flow tries DPC_SNAT_TRIES ports, starting at a hash of
+ * its tuple. It takes the first free one; if none is free, the least recently
+ * seen of the candidates whose SNAT reply entry is reusable; if none is
+ * reusable, the packet is dropped (the client's SYN retransmission tries
+ * again). A SNAT reply entry (of another flow) is reusable when:
+ *   - it is DPC_CT_CLOSING and has been quiet for DPC_CT_CLOSE_QUIET_MS, so
+ *     the old flow's last ACKs are gone; or
+ *   - it has been idle for DPC_CT_TCP_IDLE_SEC (TCP) or DPC_CT_UDP_IDLE_SEC
+ *     (UDP), whatever its state. */
+#define DPC_SNAT_TRIES        32
+#define DPC_CT_CLOSE_QUIET_MS 1000
+#define DPC_CT_TCP_IDLE_SEC   120
+#define DPC_CT_UDP_IDLE_SEC   30
+
 /* dpc_frontends: a service frontend, (ClusterIP or node IP, port, proto). */
 struct frontend_key {
 	__be32 addr;
@@ -89,6 +103,9 @@ struct ct_key {
 /* The entry is keyed by the reply tuple after SNAT (backend -> host IP,
  * snat port); nat_* is the client, restored as destination at host ingress. */
 #define DPC_CT_SNAT_REPLY   (1U << 4)
+/* A TCP FIN or RST matched this entry (the flow is closing or closed); a
+ * bare SYN that matches it clears the flag again (the tuple starts anew). */
+#define DPC_CT_CLOSING      (1U << 5)
 
 struct ct_value {
 	__u64 created_ns;   /* bpf_ktime_get_ns() when the entry was created */

@@ -29,22 +29,64 @@
 // # Conntrack and marks
 //
 // Each flow has two conntrack entries, one per direction, keyed by the tuple
-// as it is on the wire where it is looked up (see ConntrackFlags). New flows
-// are created at ingress hooks only, by a TCP SYN or any UDP packet. A TCP
-// packet in the middle of a flow that conntrack does not know is passed on
-// unchanged with MarkFallthrough, for the Linux stack (and kube-proxy's
-// conntrack) to handle; every packet the datapath tracks or NATs carries
-// MarkSeen. There are no timeouts: entries are evicted by the LRU.
+// as it is on the wire where it is looked up (see ConntrackFlags); a SNATed
+// NodePort flow has a third, its SNAT reply entry (backend -> host IP:SNAT
+// port). New flows are created at ingress hooks only, by a TCP SYN or any UDP
+// packet. A TCP packet in the middle of a flow that conntrack does not know is
+// passed on unchanged with MarkFallthrough, for the Linux stack (and
+// kube-proxy's conntrack) to handle; every packet the datapath tracks or NATs
+// carries MarkSeen.
+//
+// Every packet refreshes LastSeenNs of the entry it matches; a TCP FIN or RST
+// also marks it ConntrackClosing, and a bare SYN (the tuple starting anew)
+// clears that again. A client's packet that leaves SNATed refreshes (and
+// closes) the flow's SNAT reply entry too, so both directions keep it alive.
+// Entries are not expired: the LRU evicts them, and a new SYN on a known
+// tuple re-selects its backend (keeping the entries, and the SNAT port if it
+// is still the flow's own, when the backend stays).
+//
+// NodePort SNAT reuses ports: a new flow takes the first free port of its
+// SNATPortTries candidates, else takes over the least recently seen candidate
+// whose SNAT reply entry belongs to a flow that closed and has been quiet for
+// ConntrackCloseQuiet, or that has been idle for ConntrackTCPIdleTimeout or
+// ConntrackUDPIdleTimeout; else the packet is dropped, and the client's SYN
+// retransmission tries again. The old flow's other entries still name the
+// port: a packet of the old client that reaches host egress when the port's
+// SNAT reply entry belongs to another client is dropped rather than put on
+// the new flow's tuple, and a new SYN on the old client's tuple picks a port
+// afresh. A late packet of the old flow from the backend cannot be told
+// apart: it reaches the new flow's client, whose TCP discards it as out of
+// window (the quiet time makes it rare). If the LRU evicted a live flow's
+// SNAT reply entry, its next packet takes the port again, if still free.
+//
+// The backend may still hold the reused tuple (host IP:port <-> backend) in
+// TIME_WAIT, if it closed first. Linux accepts a new SYN into TIME_WAIT when
+// its TCP timestamp is newer than the old connection's (without timestamps:
+// when its sequence number is past the old connection's); clients that are
+// Linux hosts derive their timestamp offset from the address pair only, so
+// this holds when the old and new flows come from the same client host, the
+// common case (and the one of a conformance suite). A flow from another
+// client host may lose that comparison: the backend answers its SYN with the
+// old connection's ACK, the client resets it, and its SYN retransmission,
+// a second later, gets through (unless the backend sets
+// net.ipv4.tcp_rfc1337, which ignores that reset: then it waits out
+// TIME_WAIT).
 //
 // # Limits
 //
 // Not handled (yet): traffic that the node itself originates towards a
 // ClusterIP or NodePort (no socket-level hook), a workload reaching itself
 // through a service (hairpin), ICMP errors about NATed flows (not reverse
-// NATed), TCP state (entries of closed connections stay until the LRU evicts
-// them; a new SYN on a known tuple re-selects its backend). NodePort SNAT
-// tries 8 ports per new flow and drops the packet if all are taken. Only
-// little-endian targets are generated.
+// NATed), full TCP state tracking (only FIN and RST are noted; entries of
+// closed connections stay until the LRU evicts them or SNAT reuses them).
+// SNAT port reuse is decided per entry, without a lock: two new flows that
+// take over the same entry at the same instant on two CPUs may both send
+// their SYN from its port; both recover with their SYN retransmission a
+// second later (the one that lost the entry then picks another port). A
+// half-closed TCP connection (one FIN) that is silent for
+// ConntrackCloseQuiet, or any connection silent for ConntrackTCPIdleTimeout,
+// may lose its SNAT port to a new flow when the ports run out: its next
+// packets are dropped. Only little-endian targets are generated.
 //
 // # State that outlives the agent
 //

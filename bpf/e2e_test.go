@@ -2,7 +2,9 @@ package bpf
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -197,15 +199,56 @@ func (w *world) askUDP(ns, dst string) (string, netip.AddrPort, error) {
 	return "", netip.AddrPort{}, fmt.Errorf("no UDP answer from %s", dst)
 }
 
+// churnTCP opens n short TCP connections from namespace ns to dst, one after
+// the other. The server closes first (pods answer and close): the client
+// reads until EOF, then closes. It gives up after maxErrs failures, and
+// returns how many connections it tried, how many took more than a second
+// (a SYN retransmitted), and the errors.
+func (w *world) churnTCP(ns, dst string, n, maxErrs int) (tried, slow int, errs []error) {
+	w.enter(ns)
+	buf := make([]byte, 256)
+	for ; tried < n && len(errs) < maxErrs; tried++ {
+		i := tried
+		start := time.Now()
+		err := func() error {
+			c, err := net.DialTimeout("tcp4", dst, 5*time.Second)
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			got := 0
+			for {
+				k, err := c.Read(buf)
+				got += k
+				if err != nil {
+					if got == 0 || !errors.Is(err, io.EOF) {
+						return fmt.Errorf("read after %d bytes: %w", got, err)
+					}
+					return nil
+				}
+			}
+		}()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("connection %d: %w", i, err))
+		}
+		if time.Since(start) > time.Second {
+			slow++
+		}
+	}
+	return tried, slow, errs
+}
+
 func TestEndToEnd(t *testing.T) {
 	requireBPF(t)
 	for _, tc := range []struct {
 		mode    AttachMode
 		forward bool // FORWARD policy DROP, accepting only MarkSeen
+		churn   bool // and the NodePort SNAT churn (~8 s): in one mode that always runs
 	}{
-		{AttachTCX, false},
-		{AttachClsact, false},
-		{AttachTCX, true},
+		{AttachTCX, false, false},
+		{AttachClsact, false, true},
+		{AttachTCX, true, false},
 	} {
 		name := string(tc.mode)
 		if tc.forward {
@@ -217,12 +260,12 @@ func TestEndToEnd(t *testing.T) {
 					t.Skipf("SKIPPED: %v", err)
 				}
 			}
-			testEndToEnd(t, Options{ForceClsact: tc.mode == AttachClsact}, tc.forward)
+			testEndToEnd(t, Options{ForceClsact: tc.mode == AttachClsact}, tc.forward, tc.churn)
 		})
 	}
 }
 
-func testEndToEnd(t *testing.T, opts Options, forwardDrop bool) {
+func testEndToEnd(t *testing.T, opts Options, forwardDrop, churn bool) {
 	w := newWorld(t)
 	must(t, netlink.LinkSetUp(w.link("lo")))
 	must(t, netlink.LinkAdd(&netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "br0"}}))
@@ -324,6 +367,10 @@ func testEndToEnd(t *testing.T, opts Options, forwardDrop bool) {
 			t.Errorf("%s: %s -> %s: got %q, %v", c.name, c.from, c.to, line, err)
 		}
 	}
+	if churn {
+		testSNATChurn(t, w, d)
+	}
+
 	for _, c := range []struct {
 		name, from, to string
 		wantPod        string
@@ -350,5 +397,32 @@ func testEndToEnd(t *testing.T, opts Options, forwardDrop bool) {
 		t.Errorf("spoofed source got through")
 	} else if !os.IsTimeout(err) && !strings.Contains(err.Error(), "timeout") {
 		t.Logf("spoofed dial: %v", err)
+	}
+}
+
+// testSNATChurn opens many more short connections to a remote backend than
+// there are SNAT ports: closed flows' ports must be reused, although the
+// backend holds each reused tuple in TIME_WAIT, having closed first.
+func testSNATChurn(t *testing.T, w *world, d *Datapath) {
+	const churn = 6000
+	start := time.Now()
+	tried, slow, errs := w.churnTCP("ext", "10.200.0.1:30081", churn, 5)
+	snatEntries := 0
+	must(t, d.Conntrack().Iterate(func(k ConntrackKey, v ConntrackValue) bool {
+		if v.Flags&ConntrackSNATReply != 0 && k.Src == ip("10.244.1.10") {
+			snatEntries++
+		}
+		return true
+	}))
+	t.Logf("%d of %d sequential NodePort connections to a remote backend in %s: %d over 1 s, %d failed; %d SNAT ports in use",
+		tried, churn, time.Since(start).Round(time.Millisecond), slow, len(errs), snatEntries)
+	for _, err := range errs {
+		t.Errorf("NodePort TCP churn, remote backend: %v", err)
+	}
+	if len(errs) > 0 {
+		t.Errorf("gave up after %d failed connections", len(errs))
+	}
+	if snatEntries >= churn {
+		t.Errorf("%d SNAT reply entries after %d connections: no port was reused", snatEntries, churn)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf/btf"
 )
@@ -103,20 +104,25 @@ func TestConstantsMatchHeader(t *testing.T) {
 		defines[m[1]] = v
 	}
 	for name, goValue := range map[string]uint64{
-		"DPC_MARK_MASK":        uint64(MarkMask),
-		"DPC_MARK_SEEN":        uint64(MarkSeen),
-		"DPC_MARK_FALLTHROUGH": uint64(MarkFallthrough),
-		"DPC_FRONTENDS_MAX":    MaxFrontends,
-		"DPC_BACKENDS_MAX":     MaxBackends,
-		"DPC_ENDPOINTS_MAX":    MaxEndpoints,
-		"DPC_SNAT_PORT_MIN":    SNATPortMin,
-		"DPC_SNAT_PORT_MAX":    SNATPortMax,
-		"DPC_CT_REPLY":         uint64(ConntrackReply),
-		"DPC_CT_DNAT":          uint64(ConntrackDNAT),
-		"DPC_CT_HOST_INGRESS":  uint64(ConntrackHostIngress),
-		"DPC_CT_SNAT":          uint64(ConntrackSNAT),
-		"DPC_CT_SNAT_REPLY":    uint64(ConntrackSNATReply),
-		"DPC_EP_ANTISPOOF":     uint64(EndpointAntiSpoof),
+		"DPC_MARK_MASK":         uint64(MarkMask),
+		"DPC_MARK_SEEN":         uint64(MarkSeen),
+		"DPC_MARK_FALLTHROUGH":  uint64(MarkFallthrough),
+		"DPC_FRONTENDS_MAX":     MaxFrontends,
+		"DPC_BACKENDS_MAX":      MaxBackends,
+		"DPC_ENDPOINTS_MAX":     MaxEndpoints,
+		"DPC_SNAT_PORT_MIN":     SNATPortMin,
+		"DPC_SNAT_PORT_MAX":     SNATPortMax,
+		"DPC_CT_REPLY":          uint64(ConntrackReply),
+		"DPC_CT_DNAT":           uint64(ConntrackDNAT),
+		"DPC_CT_HOST_INGRESS":   uint64(ConntrackHostIngress),
+		"DPC_CT_SNAT":           uint64(ConntrackSNAT),
+		"DPC_CT_SNAT_REPLY":     uint64(ConntrackSNATReply),
+		"DPC_CT_CLOSING":        uint64(ConntrackClosing),
+		"DPC_SNAT_TRIES":        SNATPortTries,
+		"DPC_CT_CLOSE_QUIET_MS": uint64(ConntrackCloseQuiet / time.Millisecond),
+		"DPC_CT_TCP_IDLE_SEC":   uint64(ConntrackTCPIdleTimeout / time.Second),
+		"DPC_CT_UDP_IDLE_SEC":   uint64(ConntrackUDPIdleTimeout / time.Second),
+		"DPC_EP_ANTISPOOF":      uint64(EndpointAntiSpoof),
 	} {
 		c, ok := defines[name]
 		if !ok {

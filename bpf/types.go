@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 )
 
 // Packet marks, mirrored from DPC_MARK_* in datapath.h. The datapath sets one
@@ -33,6 +34,22 @@ const (
 const (
 	SNATPortMin = 61000
 	SNATPortMax = 65535
+)
+
+// How NodePort SNAT picks a port for a new flow (DPC_SNAT_TRIES and
+// DPC_CT_*_QUIET_MS/_IDLE_SEC). It tries SNATPortTries ports, starting at a
+// hash of the flow's tuple, and takes the first free one; if none is free,
+// the least recently seen candidate whose SNAT reply entry is reusable; if
+// none is, it drops the packet (a TCP client retransmits its SYN). A SNAT
+// reply entry of another flow is reusable when it is ConntrackClosing and
+// has been quiet for ConntrackCloseQuiet, or has been idle for
+// ConntrackTCPIdleTimeout or ConntrackUDPIdleTimeout (whatever its state).
+// Conntrack entries have no other timeout: the LRU evicts them.
+const (
+	SNATPortTries           = 32
+	ConntrackCloseQuiet     = 1000 * time.Millisecond
+	ConntrackTCPIdleTimeout = 120 * time.Second
+	ConntrackUDPIdleTimeout = 30 * time.Second
 )
 
 // Capacities of the maps that are not sized at load time (DPC_*_MAX).
@@ -283,6 +300,10 @@ const (
 	// ConntrackSNATReply: the entry is keyed by the reply tuple after SNAT
 	// (backend -> host IP:SNAT port); NATAddr/NATPort is the client.
 	ConntrackSNATReply ConntrackFlags = 1 << 4
+	// ConntrackClosing: a TCP FIN or RST matched the entry, so its flow is
+	// closing or closed; a bare SYN that matches it clears the flag. A
+	// closing SNAT reply entry is reusable once quiet (ConntrackCloseQuiet).
+	ConntrackClosing ConntrackFlags = 1 << 5
 )
 
 // ConntrackValue mirrors struct ct_value.
