@@ -159,12 +159,18 @@ func (w *World) StopProbes(ctx context.Context) error {
 	return stopAll(ctx, ps)
 }
 
+// ProbeStopTimeout bounds the stop of one probe: a probe that does not stop is an
+// environment error after this, not a spec that burns its whole deadline.
+const ProbeStopTimeout = 30 * time.Second
+
 func stopAll(ctx context.Context, ps []*probe.Process) error {
 	var errs []error
 	for _, p := range ps {
-		if err := p.Stop(ctx); err != nil {
+		sctx, cancel := context.WithTimeout(ctx, ProbeStopTimeout)
+		if err := p.Stop(sctx); err != nil {
 			errs = append(errs, err)
 		}
+		cancel()
 	}
 	return errors.Join(errs...)
 }

@@ -70,10 +70,10 @@ type Config struct {
 func (c Config) withDefaults() (Config, error) {
 	var errs []error
 	if c.NodeName == "" {
-		errs = append(errs, errors.New("NodeName is required (the Node object kube-proxy runs for)"))
+		errs = append(errs, errors.New("no NodeName: the name of the Node object kube-proxy runs for is required"))
 	}
 	if c.Kubeconfig == "" {
-		errs = append(errs, errors.New("Kubeconfig is required"))
+		errs = append(errs, errors.New("no Kubeconfig: a kubeconfig for the API server is required"))
 	}
 	mode, err := ParseMode(string(c.Mode))
 	if err != nil {

@@ -138,6 +138,9 @@ var requiredTools = map[Mode][]string{
 // mode it runs `modprobe ip_vs` to look for an ipvs predecessor to clean up, and a
 // loaded module would change the whole host.
 func (f *Fixture) Start(ctx context.Context) (int, error) {
+	if err := ctx.Err(); err != nil {
+		return 0, fmt.Errorf("start kube-proxy: %w", err)
+	}
 	if err := f.check(); err != nil {
 		return 0, err
 	}

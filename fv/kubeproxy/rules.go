@@ -9,6 +9,9 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+
+	"github.com/vishvananda/netlink/nl"
+	"golang.org/x/sys/unix"
 )
 
 // kubeletFirewallChain is the one chain kube-proxy's iptables mode creates (a
@@ -47,11 +50,16 @@ func (f *Fixture) run(ctx context.Context, stdin []byte, name string, args ...st
 }
 
 // Rules lists what of kube-proxy's is programmed in the node: every KUBE-* chain of
-// iptables and ip6tables (any table) as "iptables nat KUBE-SERVICES", and kube-proxy's
-// nftables tables as "nft ip kube-proxy". Empty means kube-proxy left nothing.
+// iptables and ip6tables (any table) as "iptables nat KUBE-SERVICES", kube-proxy's
+// nftables tables as "nft ip kube-proxy", and its nfacct counters as "nfacct NAME".
+// Empty means kube-proxy left nothing.
 func (f *Fixture) Rules(ctx context.Context) ([]string, error) {
 	var out []string
-	var errs []error
+	counters, err := f.nfacctLeft()
+	errs := []error{err}
+	for _, c := range counters {
+		out = append(out, "nfacct "+c)
+	}
 	for _, fam := range iptablesFamilies {
 		dump, err := f.run(ctx, nil, fam+"-save")
 		if errors.Is(err, exec.ErrNotFound) {
@@ -94,11 +102,16 @@ func kubeChains(dump []byte) []tableChain {
 	return out
 }
 
+// nfacctCounters are the nfnetlink_acct objects kube-proxy's iptables mode creates
+// (for its metrics) and `kube-proxy --cleanup` leaves in the node.
+var nfacctCounters = []string{"ct_state_invalid_dropped_pkts", "localhost_nps_accepted_pkts"}
+
 // RemoveLeftovers removes what `kube-proxy --cleanup` keeps on purpose: the
 // KUBE-FIREWALL chain of the filter table and the jumps to it, in iptables and
-// ip6tables, in one iptables-restore transaction each.
+// ip6tables, in one iptables-restore transaction each; and kube-proxy's nfacct
+// counters. Run it after --cleanup: a counter that a rule still uses cannot go.
 func (f *Fixture) RemoveLeftovers(ctx context.Context) error {
-	var errs []error
+	errs := []error{f.removeNFAcct()}
 	for _, fam := range iptablesFamilies {
 		dump, err := f.run(ctx, nil, fam+"-save", "-t", "filter")
 		if errors.Is(err, exec.ErrNotFound) {
@@ -181,4 +194,54 @@ func (f *Fixture) Diagnostics(ctx context.Context, dir string) ([]string, error)
 		save(c.file, out)
 	}
 	return files, errors.Join(errs...)
+}
+
+// Messages of linux/netfilter/nfnetlink_acct.h, and its NFACCT_NAME attribute.
+const (
+	nfnlMsgAcctGet = 1
+	nfnlMsgAcctDel = 3
+	nfacctName     = 1
+)
+
+// nfacct sends one nfnetlink_acct request about the counter name in the node.
+func (f *Fixture) nfacct(msg int, name string) error {
+	return inNetNS(f.NetNS, func() error {
+		req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_ACCT<<8|msg, unix.NLM_F_ACK)
+		req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_UNSPEC, Version: nl.NFNETLINK_V0})
+		req.AddData(nl.NewRtAttr(nfacctName, nl.ZeroTerminated(name)))
+		_, err := req.Execute(unix.NETLINK_NETFILTER, 0)
+		return err
+	})
+}
+
+// absent reports an nfacct answer that means "no such counter" (or no nfnetlink_acct
+// in this kernel).
+func absent(err error) bool {
+	return errors.Is(err, unix.ENOENT) || errors.Is(err, unix.EOPNOTSUPP) || errors.Is(err, unix.EPROTONOSUPPORT)
+}
+
+// nfacctLeft lists kube-proxy's nfacct counters that exist in the node.
+func (f *Fixture) nfacctLeft() ([]string, error) {
+	var out []string
+	var errs []error
+	for _, name := range nfacctCounters {
+		switch err := f.nfacct(nfnlMsgAcctGet, name); {
+		case err == nil:
+			out = append(out, name)
+		case !absent(err):
+			errs = append(errs, fmt.Errorf("look up nfacct counter %s: %w", name, err))
+		}
+	}
+	return out, errors.Join(errs...)
+}
+
+// removeNFAcct deletes kube-proxy's nfacct counters in the node.
+func (f *Fixture) removeNFAcct() error {
+	var errs []error
+	for _, name := range nfacctCounters {
+		if err := f.nfacct(nfnlMsgAcctDel, name); err != nil && !absent(err) {
+			errs = append(errs, fmt.Errorf("delete nfacct counter %s: %w", name, err))
+		}
+	}
+	return errors.Join(errs...)
 }

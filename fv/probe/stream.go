@@ -128,15 +128,20 @@ func (s *streamer) work(ctx context.Context, st *stream) {
 		defer close(readerDone)
 		s.read(st, &eofAt)
 	}()
+	// The watchdog lives as long as the writer, not the reader: after the peer's FIN
+	// the reader is done, but the writer goes on, and on a path that drops its
+	// packets (no RST ever comes back) it blocks on a full send buffer.
+	writerDone := make(chan struct{})
 	go func() {
 		select {
 		case <-ctx.Done():
 			// Unblocks a write stuck on a full send buffer.
 			_ = st.conn.SetWriteDeadline(time.Unix(1, 0))
-		case <-readerDone:
+		case <-writerDone:
 		}
 	}()
 	defer func() {
+		close(writerDone)
 		s.end(st, Stopped, "probe stopped") // a no-op when the stream failed before
 		st.conn.Close()
 		<-readerDone
