@@ -1,8 +1,10 @@
 package bpf
 
 import (
+	"encoding"
 	"errors"
 	"fmt"
+	"reflect"
 
 	"github.com/cilium/ebpf"
 )
@@ -70,8 +72,14 @@ func (m *Map[K, V]) Iterate(fn func(K, V) bool) error {
 	return nil
 }
 
-// All returns a snapshot of the map's entries.
+// All returns every entry of the map. It reads in batches where the kernel and the
+// key and value types allow (one syscall per few thousand entries: adopting a large
+// pinned map on restart is then a matter of milliseconds), and falls back to
+// iterating one entry at a time.
 func (m *Map[K, V]) All() (map[K]V, error) {
+	if all, err := m.batchAll(); err == nil {
+		return all, nil
+	}
 	all := make(map[K]V)
 	err := m.Iterate(func(k K, v V) bool {
 		all[k] = v
@@ -79,3 +87,47 @@ func (m *Map[K, V]) All() (map[K]V, error) {
 	})
 	return all, err
 }
+
+// batchChunk is how many entries one batch lookup asks for.
+const batchChunk = 4096
+
+var byteType = reflect.TypeOf(byte(0))
+
+// batchAll reads the map with BPF_MAP_LOOKUP_BATCH into raw [size]byte slices and
+// decodes each entry with the types' UnmarshalBinary.
+func (m *Map[K, V]) batchAll() (map[K]V, error) {
+	var k K
+	var v V
+	if _, ok := any(&k).(encoding.BinaryUnmarshaler); !ok {
+		return nil, errNoBatch
+	}
+	if _, ok := any(&v).(encoding.BinaryUnmarshaler); !ok {
+		return nil, errNoBatch
+	}
+	keys := reflect.MakeSlice(reflect.SliceOf(reflect.ArrayOf(int(m.m.KeySize()), byteType)), batchChunk, batchChunk)
+	vals := reflect.MakeSlice(reflect.SliceOf(reflect.ArrayOf(int(m.m.ValueSize()), byteType)), batchChunk, batchChunk)
+	all := make(map[K]V)
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, err := m.m.BatchLookup(&cursor, keys.Interface(), vals.Interface(), nil)
+		for i := 0; i < n; i++ {
+			var k K
+			var v V
+			if uerr := any(&k).(encoding.BinaryUnmarshaler).UnmarshalBinary(keys.Index(i).Bytes()); uerr != nil {
+				return nil, fmt.Errorf("batch read %s: %w", m.name, uerr)
+			}
+			if uerr := any(&v).(encoding.BinaryUnmarshaler).UnmarshalBinary(vals.Index(i).Bytes()); uerr != nil {
+				return nil, fmt.Errorf("batch read %s: %w", m.name, uerr)
+			}
+			all[k] = v
+		}
+		if errors.Is(err, ebpf.ErrKeyNotExist) {
+			return all, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("batch read %s: %w", m.name, err)
+		}
+	}
+}
+
+var errNoBatch = errors.New("types without UnmarshalBinary cannot be read in batches")

@@ -67,8 +67,12 @@ func (s Stats) String() string {
 // whole desired state (datastore in sync and host IPs known). Until then, entries a
 // previous run left stay, so traffic they serve is not cut.
 func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
-	dpFE := s.frontends.Dataplane()
-	dpBE := s.backends.Dataplane()
+	// Read the cached kernel state in place: a restart with 10,000 services must not
+	// copy it to find out that nothing changed.
+	var dpFE map[bpf.FrontendKey]bpf.FrontendValue
+	var dpBE map[bpf.BackendKey]bpf.BackendValue
+	s.frontends.View(func(m map[bpf.FrontendKey]bpf.FrontendValue) { dpFE = m })
+	s.backends.View(func(m map[bpf.BackendKey]bpf.BackendValue) { dpBE = m })
 	used := map[uint32]bool{}
 	for _, v := range dpFE {
 		used[v.ServiceID] = true
@@ -147,9 +151,12 @@ func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
 				}
 			}
 		}
+	}
+	if len(rebuild) > 0 {
 		if err := s.backends.Load(); err != nil {
 			errs = append(errs, err)
 		}
+		s.backends.View(func(m map[bpf.BackendKey]bpf.BackendValue) { dpBE = m })
 	}
 	if !complete {
 		// Keep what the kernel holds and is not (yet) desired.
@@ -164,8 +171,8 @@ func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
 			}
 		}
 	}
-	s.backends.SetDesired(wantBE)
-	s.frontends.SetDesired(wantFE)
+	s.backends.TakeDesired(wantBE)
+	s.frontends.TakeDesired(wantFE)
 	n, err := s.backends.ApplyUpdates()
 	st.BackendsWritten, errs = n, append(errs, err)
 	if err != nil {
