@@ -38,6 +38,9 @@ type Budgets struct {
 	EndWithin time.Duration
 	// Ready bounds the wait for an agent to report ready.
 	Ready time.Duration
+	// Programmed bounds the wait for a new Service to carry traffic once its
+	// EndpointSlices list its backends (implementations program asynchronously).
+	Programmed time.Duration
 }
 
 // DefaultBudgets are the budgets of SPECS.md.
@@ -51,6 +54,7 @@ var DefaultBudgets = Budgets{
 	SteadyState:     time.Second,
 	EndWithin:       2 * time.Second,
 	Ready:           60 * time.Second,
+	Programmed:      10 * time.Second,
 }
 
 // Env is what a spec's body works with: the world, the budgets, and the record of

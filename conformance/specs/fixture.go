@@ -7,6 +7,8 @@ import (
 	"context"
 	"net"
 	"strconv"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -109,6 +111,21 @@ func deploy(ctx context.Context, e *conformance.Env) (*fixture, error) {
 	if f.svcRemote, err = addService(ctx, e, "web-remote", map[string]string{"app": "web-remote"}, f.remote); err != nil {
 		return nil, err
 	}
+	for _, fl := range []struct {
+		name    string
+		from    topologies.Host
+		target  string
+		backend string
+	}{
+		{"clusterip-local", f.client, f.svcLocal.clusterIPAddr(), f.local.Name()},
+		{"clusterip-remote", f.client, f.svcRemote.clusterIPAddr(), f.remote.Name()},
+		{"nodeport-local", e.Topo.External(), f.svcLocal.nodePortAddr(f.nodeA), f.local.Name()},
+		{"nodeport-remote", e.Topo.External(), f.svcRemote.nodePortAddr(f.nodeA), f.remote.Name()},
+	} {
+		if err := waitFlowing(ctx, e, fl.from, fl.name, fl.target, fl.backend); err != nil {
+			return nil, err
+		}
+	}
 	return f, nil
 }
 
@@ -138,3 +155,51 @@ func how(crash bool) string {
 }
 
 func isDriverError(err error) bool { return driver.IsDriverError(err) }
+
+// warmStreak is how many consecutive new connections must succeed for a flow to count
+// as programmed.
+const warmStreak = 20
+
+// waitFlowing waits until new connections from h to target reach backend (any, if
+// empty) warmStreak times in a row, within the Programmed budget. Specs start their
+// measurement only then: programming a new Service takes an implementation a while,
+// and that is not what they measure.
+func waitFlowing(ctx context.Context, e *conformance.Env, h topologies.Host, name, target, backend string) error {
+	ok := make(chan struct{})
+	streak := 0
+	var last probe.Event
+	var mu sync.Mutex
+	onEvent := func(ev probe.Event) {
+		if ev.Kind != probe.KindAttempt {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		last = ev
+		if ev.Outcome == probe.OK && (backend == "" || ev.Backend == backend) {
+			streak++
+		} else {
+			streak = 0
+		}
+		if streak == warmStreak {
+			close(ok)
+		}
+	}
+	p, err := probe.Start(ctx, h, e.World.Probe, probe.Connect{Name: "warm-up-" + name, Target: target, Interval: 10 * time.Millisecond},
+		probe.Options{OnEvent: onEvent, Stderr: e.World.ProbeStderr})
+	if err != nil {
+		return conformance.Environmentf("%v", err)
+	}
+	defer p.Stop(context.Background())
+	select {
+	case <-ok:
+		return nil
+	case <-time.After(e.Budgets.Programmed):
+		mu.Lock()
+		defer mu.Unlock()
+		return conformance.PreconditionFailf("%s (%s from %s) did not carry %d connections in a row to %s within %s of its EndpointSlices listing it; last attempt: %s %s %s",
+			name, target, h.Name(), warmStreak, backend, e.Budgets.Programmed, last.Outcome, last.Backend, last.Err)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}

@@ -3,6 +3,8 @@ package specs
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
@@ -56,6 +58,16 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 	}
 	svc, err := addService(ctx, e, "churn", labels, keep, gone)
 	if err != nil {
+		return err
+	}
+	// Both backends must serve through the ClusterIP before streams start.
+	for _, b := range []topologies.Pod{keep, gone} {
+		direct := net.JoinHostPort(b.IP().String(), strconv.Itoa(EchoPort))
+		if err := waitFlowing(ctx, e, client, "direct-"+b.Name(), direct, b.Name()); err != nil {
+			return err
+		}
+	}
+	if err := waitFlowing(ctx, e, client, "clusterip", svc.clusterIPAddr(), ""); err != nil {
 		return err
 	}
 	cfg := probe.Stream{Name: "churn", Target: svc.clusterIPAddr(), Streams: churnStreams, Interval: e.Budgets.StreamInterval, DialTimeout: e.Budgets.AttemptTimeout}

@@ -162,6 +162,21 @@ func errText(err error) string {
 	return ""
 }
 
+// nodePortFailures describes t's attempts in the window that failed other than by
+// timing out, or reached another backend than t's.
+func nodePortFailures(win timeline.Window, t target) []string {
+	var out []string
+	for _, e := range win.Inside() {
+		if e.Kind != probe.KindAttempt || e.Probe != t.name {
+			continue
+		}
+		if (e.Outcome.Failed() && e.Outcome != probe.Timeout) || (e.Outcome == probe.OK && e.Backend != t.backend) {
+			out = append(out, fmt.Sprintf("%s: %s", win.Relative(e.Time), timeline.Describe(e)))
+		}
+	}
+	return out
+}
+
 // figures summarise a window's connect attempts per probe.
 func figures(win timeline.Window) string {
 	type fig struct {
@@ -369,7 +384,18 @@ var _ = Describe("kube-proxy through its driver", func() {
 					Expect(err).NotTo(HaveOccurred())
 					AddReportEntry(fmt.Sprintf("%s mode, %s", mode, how), figures(win))
 					GinkgoWriter.Printf("%s mode, %s:\n%s", mode, how, figures(win))
-					Expect(win).To(matchers.HaveNoFailedAttempts())
+					for _, t := range targets {
+						if strings.HasPrefix(t.name, "clusterip") {
+							Expect(win).To(matchers.HaveNoFailedAttempts(matchers.Probes(t.name), matchers.Backends(t.backend)))
+							continue
+						}
+						// NodePort traffic is masqueraded; at this rate a masqueraded SYN
+						// now and then meets the backend's TIME_WAIT socket of an earlier
+						// connection and is retried a second later, with or without a
+						// restart (docs/kube-proxy.md). Rules missing during a restart
+						// would show as refused connections (no listener on the node).
+						Expect(nodePortFailures(win, t)).To(BeEmpty(), "NodePort attempts that failed other than by a timeout")
+					}
 				}, SpecTimeout(time.Minute))
 			}
 

@@ -206,17 +206,13 @@ func nodeEnv(mode kubeproxy.Mode) (*kubeproxy.Fixture, error) {
 	if err := bins.HasKubeProxy(); err != nil {
 		return nil, fail("missing binary", "kube-proxy: %v", err)
 	}
-	var env []string
-	if run := get("DPC_RUN"); run != "" {
-		// The topology's cleanup finds a kube-proxy that outlived its run by this.
-		env = append(env, "DPC_RUN="+run)
-	}
+	// kube-proxy inherits this environment, DPC_RUN included: the topology's cleanup
+	// finds a kube-proxy that outlived its run by it.
 	return &kubeproxy.Fixture{
 		Binary: bins.KubeProxy,
 		NetNS:  get("DPC_NETNS"),
 		Dir:    get("DPC_STATE_DIR"),
 		Config: kubeproxy.Config{NodeName: get("DPC_NODE"), Kubeconfig: get("DPC_KUBECONFIG"), Mode: mode},
-		Env:    env,
 	}, nil
 }
 
