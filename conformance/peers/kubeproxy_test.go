@@ -1,0 +1,85 @@
+// Package peers runs the suite against real implementations that dpconform does not
+// own, to keep the suite honest: a spec a mature dataplane fails is either a real
+// behaviour of it (documented, with evidence, in docs/) or a defect of the suite.
+package peers
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/dpconform/dpconform/conformance"
+	_ "github.com/dpconform/dpconform/conformance/specs"
+	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/internal/buildbin"
+	"github.com/dpconform/dpconform/internal/privileged"
+)
+
+func TestMain(m *testing.M) {
+	probe.RunIfChild()
+	os.Exit(m.Run())
+}
+
+func TestPeers(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "the Core profile against real kube-proxy")
+}
+
+var kubeProxyDriver string
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	privileged.Ginkgo(Skip, Fail)
+	bins, err := buildbin.Build(ctx, GinkgoT().TempDir(), "conformance/cmd/kube-proxy-driver")
+	Expect(err).NotTo(HaveOccurred())
+	kubeProxyDriver = bins["kube-proxy-driver"]
+}, NodeTimeout(5*time.Minute))
+
+// knownKubeProxy lists the documented kube-proxy behaviours a Core spec may fail on,
+// by the kinds of failure they show (docs/kube-proxy.md, "Behaviour a spec may trip
+// on"): with masquerade to one backend at hundreds of new connections a second,
+// nf_nat now and then picks a source port whose tuple the backend still holds in
+// TIME_WAIT, and that SYN is retried after 1 s: a timeout, never a reset.
+var knownKubeProxy = map[string][]conformance.FailureKind{
+	"RESTART-NODEPORT-NEW":   {conformance.KindTimeout},
+	"RESTART-NODEPORT-CRASH": {conformance.KindTimeout},
+}
+
+var _ = Describe("kube-proxy", func() {
+	for _, mode := range []string{"iptables", "nftables"} {
+		for _, s := range conformance.Specs() {
+			if s.Profile != conformance.Core {
+				continue
+			}
+			It("in "+mode+" mode passes "+s.ID, func(ctx SpecContext) {
+				d, err := driver.NewExec(kubeProxyDriver, driver.DefaultTimeouts, "DPC_KUBE_PROXY_MODE="+mode)
+				Expect(err).NotTo(HaveOccurred())
+				prog, err := probe.Self()
+				Expect(err).NotTo(HaveOccurred())
+				r, err := conformance.NewRunner(ctx, conformance.Config{
+					Driver: d, DriverPath: kubeProxyDriver, Probe: prog,
+					OutputDir: filepath.Join("..", "..", "_output", "kube-proxy", mode, s.ID),
+					Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
+				})
+				Expect(err).NotTo(HaveOccurred())
+				res := r.Run(ctx, s)
+				GinkgoWriter.Printf("%s against kube-proxy (%s): %s %s\n", s.ID, mode, res.Result, res.Reason)
+				if res.Result == conformance.Failed {
+					known := knownKubeProxy[s.ID]
+					for _, k := range res.FailedKinds() {
+						Expect(known).To(ContainElement(k), "%s failed against kube-proxy in a way docs/kube-proxy.md does not document: %s\n%s", s.ID, res.Reason, res.Message)
+					}
+					AddReportEntry("known kube-proxy behaviour", res.Reason)
+					return
+				}
+				Expect(res.Result).To(Equal(conformance.Passed), "%s: %s\n%s", res.Result, res.Reason, res.Message)
+				Expect(slices.ContainsFunc(res.Checks, func(c conformance.CheckResult) bool { return !c.Pre })).To(BeTrue(), "a pass with no check is no pass")
+			}, SpecTimeout(6*time.Minute))
+		}
+	}
+})
