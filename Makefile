@@ -8,7 +8,7 @@ OUT := _output
 BIN := $(OUT)/bin
 
 # Debian packages needed at run time, and to regenerate the BPF objects.
-RUNTIME_PKGS := iptables iproute2 conntrack util-linux kmod
+RUNTIME_PKGS := iptables nftables iproute2 conntrack util-linux kmod bpftool
 GENERATE_PKGS := clang llvm libbpf-dev
 
 .PHONY: all deps deps-generate control-plane cni binaries build test lint \
