@@ -75,6 +75,7 @@ type Agent struct {
 	svcLister   cacheLister
 	sliceLister cacheLister
 	podLister   cacheLister
+	nodeLister  cacheLister
 	synced      []cache.InformerSynced
 
 	attached      map[string]endpoint // pod key -> endpoint
@@ -183,23 +184,31 @@ func (a *Agent) startInformers(ctx context.Context, kube kubernetes.Interface) {
 	local := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.cfg.Node).String()
 	}))
+	self := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.cfg.Node).String()
+	}))
 	svc := f.Core().V1().Services().Informer()
 	slices := f.Discovery().V1().EndpointSlices().Informer()
 	pods := local.Core().V1().Pods().Informer()
+	// The node's own object is its host metadata: the datastore is in sync only once
+	// it is known (and it must exist: a node without one is not programmed).
+	node := self.Core().V1().Nodes().Informer()
 	h := cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(any) { a.poke() },
 		UpdateFunc: func(any, any) { a.poke() },
 		DeleteFunc: func(any) { a.poke() },
 	}
-	for _, inf := range []cache.SharedIndexInformer{svc, slices, pods} {
+	for _, inf := range []cache.SharedIndexInformer{svc, slices, pods, node} {
 		inf.AddEventHandler(h)
 		a.synced = append(a.synced, inf.HasSynced)
 	}
 	a.svcLister = indexerLister{svc.GetIndexer()}
 	a.sliceLister = indexerLister{slices.GetIndexer()}
 	a.podLister = indexerLister{pods.GetIndexer()}
+	a.nodeLister = indexerLister{node.GetIndexer()}
 	f.Start(ctx.Done())
 	local.Start(ctx.Done())
+	self.Start(ctx.Done())
 }
 
 func (a *Agent) poke() {
@@ -291,13 +300,15 @@ func (a *Agent) loop(ctx context.Context) error {
 	}
 }
 
+// informersSynced reports whether the datastore view is complete: every informer has
+// synced and the node's own Node object is there.
 func (a *Agent) informersSynced() bool {
 	for _, s := range a.synced {
 		if !s() {
 			return false
 		}
 	}
-	return true
+	return len(a.nodeLister.List()) > 0
 }
 
 // sync applies one round: endpoints, then services, then iptables.
