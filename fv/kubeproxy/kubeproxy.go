@@ -26,6 +26,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dpconform/dpconform/internal/proc"
+
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/controlplane"
 )
@@ -238,7 +240,7 @@ func (f *Fixture) PID() int {
 		return 0
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 || !alive(pid) {
+	if err != nil || pid <= 0 || !proc.Alive(pid) {
 		return 0
 	}
 	// A reused PID is not our kube-proxy.
@@ -247,16 +249,6 @@ func (f *Fixture) PID() int {
 		return 0
 	}
 	return pid
-}
-
-// alive reports whether pid runs; a zombie does not.
-func alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(data, ')')
-	return i > 0 && i+2 < len(data) && data[i+2] != 'Z' && data[i+2] != 'X'
 }
 
 // Stop stops kube-proxy gracefully (SIGTERM) and returns once it has exited.
@@ -273,7 +265,7 @@ func (f *Fixture) signal(ctx context.Context, sig syscall.Signal) error {
 	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
 		return fmt.Errorf("send %s to kube-proxy (pid %d): %w", sig, pid, err)
 	}
-	for alive(pid) {
+	for proc.Alive(pid) {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("kube-proxy (pid %d) has not exited after %s: %w; see %s", pid, sig, ctx.Err(), f.Path(LogFile))

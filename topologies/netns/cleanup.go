@@ -16,6 +16,8 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/dpconform/dpconform/internal/proc"
 )
 
 const (
@@ -38,7 +40,7 @@ type owner struct {
 }
 
 func writeOwner(dir string) error {
-	st, err := procStartTime(os.Getpid())
+	st, err := proc.StartTime(os.Getpid())
 	if err != nil {
 		return err
 	}
@@ -56,25 +58,8 @@ func ownerAlive(dir string) bool {
 	if json.Unmarshal(data, &o) != nil {
 		return false
 	}
-	st, err := procStartTime(o.PID)
+	st, err := proc.StartTime(o.PID)
 	return err == nil && st == o.StartTime
-}
-
-func procStartTime(pid int) (uint64, error) {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name (field 2) may hold spaces; fields after its ')' are plain.
-	i := bytes.LastIndexByte(data, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("unreadable /proc/%d/stat", pid)
-	}
-	f := strings.Fields(string(data[i+1:]))
-	if len(f) < 20 {
-		return 0, fmt.Errorf("unreadable /proc/%d/stat", pid)
-	}
-	return strconv.ParseUint(f[19], 10, 64)
 }
 
 // lockRunRoot serialises the choice of a fabric subnet between concurrent runs.
@@ -270,7 +255,7 @@ func killRunProcesses(id string, paths []string) error {
 		for {
 			// A killed child of ours stays a zombie until reaped; its Wait goroutine
 			// does that, and a zombie holds no namespace.
-			if !alive(pid) {
+			if !proc.Alive(pid) {
 				break
 			}
 			if time.Now().After(deadline) {
@@ -280,15 +265,6 @@ func killRunProcesses(id string, paths []string) error {
 		}
 	}
 	return nil
-}
-
-func alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(data, ')')
-	return i > 0 && i+2 < len(data) && data[i+2] != 'Z' && data[i+2] != 'X'
 }
 
 func procPIDs() []int {
@@ -396,7 +372,7 @@ func Leftovers(runRoot, id string) []string {
 		}
 	}
 	for _, pid := range procPIDs() {
-		if envOf(pid, EnvRun) == id && alive(pid) {
+		if envOf(pid, EnvRun) == id && proc.Alive(pid) {
 			cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 			out = append(out, fmt.Sprintf("process %d (%s)", pid, bytes.ReplaceAll(bytes.TrimRight(cmd, "\x00"), []byte{0}, []byte{' '})))
 		}

@@ -16,7 +16,6 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
-	"fmt"
 	"os"
 	"os/exec"
 	"regexp"
@@ -24,32 +23,13 @@ import (
 	"time"
 
 	"github.com/dpconform/dpconform/fv/kubeproxy"
+	"github.com/dpconform/dpconform/internal/driverreply"
 	"github.com/dpconform/dpconform/topologies/controlplane"
+	"github.com/dpconform/dpconform/topologies/netns"
 )
 
 // EnvMode is the environment variable that picks the mode of a start without --mode.
 const EnvMode = "DPC_KUBE_PROXY_MODE"
-
-// cniConfig is the pod network kube-proxy is run with: the standard ptp and host-local
-// plugins (kube-proxy wires no pods). The topology expands ${POD_CIDR} and
-// ${CNI_DATA_DIR} per node.
-const cniConfig = `{
-  "cniVersion": "1.0.0",
-  "name": "kube-proxy",
-  "plugins": [
-    {
-      "type": "ptp",
-      "mtu": 1500,
-      "ipMasq": false,
-      "ipam": {
-        "type": "host-local",
-        "ranges": [[{"subnet": "${POD_CIDR}"}]],
-        "routes": [{"dst": "0.0.0.0/0"}],
-        "dataDir": "${CNI_DATA_DIR}/ipam"
-      }
-    }
-  ]
-}`
 
 // features are what kube-proxy implements of the Core profile.
 var features = []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP"}
@@ -63,23 +43,14 @@ const (
 	cleanupWait = 45 * time.Second
 )
 
-// failure is a driver error with the contract's {"error","detail"} shape.
-type failure struct{ msg, detail string }
-
-func (f *failure) Error() string { return f.msg + ": " + f.detail }
-
-func fail(msg, format string, args ...any) error {
-	return &failure{msg: msg, detail: fmt.Sprintf(format, args...)}
-}
-
 const verbs = "info start status stop kill events collect cleanup"
 
 func main() {
 	if len(os.Args) < 2 {
-		reply(nil, fail("usage", "kube-proxy-driver VERB [args]; verbs: %s", verbs))
+		driverreply.Exit("kube-proxy-driver", nil, driverreply.Fail("usage", "kube-proxy-driver VERB [args]; verbs: %s", verbs))
 	}
 	out, err := run(os.Args[1], os.Args[2:])
-	reply(out, err)
+	driverreply.Exit("kube-proxy-driver", out, err)
 }
 
 func run(verb string, args []string) (any, error) {
@@ -101,7 +72,7 @@ func run(verb string, args []string) (any, error) {
 			ctx, cancel := context.WithTimeout(ctx, stopWait)
 			defer cancel()
 			if err := f.Stop(ctx); err != nil {
-				return nil, fail("agent did not exit", "%v", err)
+				return nil, driverreply.Fail("agent did not exit", "%v", err)
 			}
 			return struct{}{}, nil
 		})
@@ -110,12 +81,12 @@ func run(verb string, args []string) (any, error) {
 			ctx, cancel := context.WithTimeout(ctx, killWait)
 			defer cancel()
 			if err := f.Kill(ctx); err != nil {
-				return nil, fail("agent did not exit", "%v", err)
+				return nil, driverreply.Fail("agent did not exit", "%v", err)
 			}
 			return struct{}{}, nil
 		})
 	case "events":
-		return nil, fail("unsupported", "kube-proxy reports no policy verdicts (it implements Services only and does not claim the Observability profile)")
+		return nil, driverreply.Fail("unsupported", "kube-proxy reports no policy verdicts (it implements Services only and does not claim the Observability profile)")
 	case "collect":
 		return collect(ctx, args)
 	case "cleanup":
@@ -123,30 +94,12 @@ func run(verb string, args []string) (any, error) {
 			ctx, cancel := context.WithTimeout(ctx, cleanupWait)
 			defer cancel()
 			if err := f.Cleanup(ctx); err != nil {
-				return nil, fail("cleanup failed", "%v", err)
+				return nil, driverreply.Fail("cleanup failed", "%v", err)
 			}
 			return struct{}{}, nil
 		})
 	}
-	return nil, fail("unknown verb", "%q; verbs: %s", verb, verbs)
-}
-
-func reply(out any, err error) {
-	enc := json.NewEncoder(os.Stdout)
-	if err != nil {
-		var f *failure
-		if !errors.As(err, &f) {
-			f = &failure{msg: "failed", detail: err.Error()}
-		}
-		_ = enc.Encode(map[string]string{"error": f.msg, "detail": f.detail})
-		fmt.Fprintln(os.Stderr, "kube-proxy-driver:", err)
-		os.Exit(1)
-	}
-	if out == nil {
-		out = struct{}{}
-	}
-	_ = enc.Encode(out)
-	os.Exit(0)
+	return nil, driverreply.Fail("unknown verb", "%q; verbs: %s", verb, verbs)
 }
 
 func info() any {
@@ -155,7 +108,7 @@ func info() any {
 		"version":  kubeProxyVersion(),
 		"profiles": []string{"Core"},
 		"features": features,
-		"cni":      json.RawMessage(cniConfig),
+		"cni":      json.RawMessage(netns.DefaultCNIConfig),
 	}
 }
 
@@ -188,23 +141,23 @@ func nodeEnv(mode kubeproxy.Mode) (*kubeproxy.Fixture, error) {
 		}
 	}
 	if topo := get("DPC_TOPOLOGY"); topo != "" && topo != "netns" {
-		return nil, fail("unsupported topology", "DPC_TOPOLOGY=%s: this driver runs kube-proxy inside a node's network namespace (DPC_TOPOLOGY=netns); on kind, use the cluster's own kube-proxy DaemonSet", topo)
+		return nil, driverreply.Fail("unsupported topology", "DPC_TOPOLOGY=%s: this driver runs kube-proxy inside a node's network namespace (DPC_TOPOLOGY=netns); on kind, use the cluster's own kube-proxy DaemonSet", topo)
 	}
 	if len(missing) > 0 {
-		return nil, fail("bad environment", "%s not set; the suite sets them per node (see docs/driver.md); this driver needs a netns topology (DPC_NETNS)", strings.Join(missing, ", "))
+		return nil, driverreply.Fail("bad environment", "%s not set; the suite sets them per node (see docs/driver.md); this driver needs a netns topology (DPC_NETNS)", strings.Join(missing, ", "))
 	}
 	if st, err := os.Stat(get("DPC_STATE_DIR")); err != nil || !st.IsDir() {
-		return nil, fail("bad environment", "DPC_STATE_DIR=%s is not a directory", get("DPC_STATE_DIR"))
+		return nil, driverreply.Fail("bad environment", "DPC_STATE_DIR=%s is not a directory", get("DPC_STATE_DIR"))
 	}
 	if _, err := os.Stat(get("DPC_NETNS")); err != nil {
-		return nil, fail("bad environment", "DPC_NETNS=%s: %v (is the topology still up?)", get("DPC_NETNS"), err)
+		return nil, driverreply.Fail("bad environment", "DPC_NETNS=%s: %v (is the topology still up?)", get("DPC_NETNS"), err)
 	}
 	if _, err := os.Stat(get("DPC_KUBECONFIG")); err != nil {
-		return nil, fail("bad environment", "DPC_KUBECONFIG=%s: %v", get("DPC_KUBECONFIG"), err)
+		return nil, driverreply.Fail("bad environment", "DPC_KUBECONFIG=%s: %v", get("DPC_KUBECONFIG"), err)
 	}
 	bins, _ := controlplane.FindBinaries() // only kube-proxy matters here
 	if err := bins.HasKubeProxy(); err != nil {
-		return nil, fail("missing binary", "kube-proxy: %v", err)
+		return nil, driverreply.Fail("missing binary", "kube-proxy: %v", err)
 	}
 	// kube-proxy inherits this environment, DPC_RUN included: the topology's cleanup
 	// finds a kube-proxy that outlived its run by it.
@@ -219,7 +172,7 @@ func nodeEnv(mode kubeproxy.Mode) (*kubeproxy.Fixture, error) {
 // withFixture runs a verb that takes no arguments on the node's fixture.
 func withFixture(args []string, fn func(*kubeproxy.Fixture) (any, error)) (any, error) {
 	if len(args) > 0 {
-		return nil, fail("bad arguments", "unexpected arguments %q", args)
+		return nil, driverreply.Fail("bad arguments", "unexpected arguments %q", args)
 	}
 	f, err := nodeEnv("")
 	if err != nil {
@@ -233,10 +186,10 @@ func start(ctx context.Context, args []string) (any, error) {
 	fs.SetOutput(os.Stderr)
 	modeFlag := fs.String("mode", "", "proxy mode: iptables or nftables (default $"+EnvMode+", else iptables)")
 	if err := fs.Parse(args); err != nil {
-		return nil, fail("bad arguments", "%v; usage: start [--mode iptables|nftables]", err)
+		return nil, driverreply.Fail("bad arguments", "%v; usage: start [--mode iptables|nftables]", err)
 	}
 	if fs.NArg() > 0 {
-		return nil, fail("bad arguments", "unexpected arguments %q; usage: start [--mode iptables|nftables]", fs.Args())
+		return nil, driverreply.Fail("bad arguments", "unexpected arguments %q; usage: start [--mode iptables|nftables]", fs.Args())
 	}
 	name, from := *modeFlag, "--mode"
 	if name == "" {
@@ -244,7 +197,7 @@ func start(ctx context.Context, args []string) (any, error) {
 	}
 	mode, err := kubeproxy.ParseMode(name)
 	if err != nil {
-		return nil, fail("bad arguments", "%s: %v", from, err)
+		return nil, driverreply.Fail("bad arguments", "%s: %v", from, err)
 	}
 	f, err := nodeEnv(mode)
 	if err != nil {
@@ -254,10 +207,10 @@ func start(ctx context.Context, args []string) (any, error) {
 	defer cancel()
 	pid, err := f.Start(ctx)
 	if errors.Is(err, kubeproxy.ErrRunning) {
-		return nil, fail("already running", "%v", err)
+		return nil, driverreply.Fail("already running", "%v", err)
 	}
 	if err != nil {
-		return nil, fail("start failed", "%v", err)
+		return nil, driverreply.Fail("start failed", "%v", err)
 	}
 	return map[string]int{"pid": pid}, nil
 }
@@ -267,7 +220,7 @@ func collect(ctx context.Context, args []string) (any, error) {
 	fs.SetOutput(os.Stderr)
 	dir := fs.String("dir", "", "directory to write diagnostics into")
 	if err := fs.Parse(args); err != nil || *dir == "" || fs.NArg() > 0 {
-		return nil, fail("bad arguments", "usage: collect --dir DIR")
+		return nil, driverreply.Fail("bad arguments", "usage: collect --dir DIR")
 	}
 	f, err := nodeEnv("")
 	if err != nil {
@@ -277,7 +230,7 @@ func collect(ctx context.Context, args []string) (any, error) {
 	defer cancel()
 	files, err := f.Diagnostics(ctx, *dir)
 	if err != nil && len(files) == 0 {
-		return nil, fail("collect failed", "%v", err)
+		return nil, driverreply.Fail("collect failed", "%v", err)
 	}
 	if files == nil {
 		files = []string{}

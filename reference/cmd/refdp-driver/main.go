@@ -23,6 +23,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/dpconform/dpconform/internal/driverreply"
+	"github.com/dpconform/dpconform/internal/proc"
 	"github.com/dpconform/dpconform/reference/agent"
 	"github.com/dpconform/dpconform/reference/faults"
 )
@@ -50,18 +52,9 @@ const cniConfig = `{
   ]
 }`
 
-// failure is a driver error with the contract's {"error","detail"} shape.
-type failure struct{ msg, detail string }
-
-func (f *failure) Error() string { return f.msg + ": " + f.detail }
-
-func fail(msg string, format string, args ...any) error {
-	return &failure{msg: msg, detail: fmt.Sprintf(format, args...)}
-}
-
 func main() {
 	if len(os.Args) < 2 {
-		reply(nil, fail("usage", "refdp-driver info|start|status|stop|kill|events|collect|cleanup"))
+		driverreply.Exit("refdp-driver", nil, driverreply.Fail("usage", "refdp-driver info|start|status|stop|kill|events|collect|cleanup"))
 	}
 	verb, args := os.Args[1], os.Args[2:]
 	var out any
@@ -84,33 +77,15 @@ func main() {
 	case "kill":
 		out, err = stopAgent(syscall.SIGKILL, 10*time.Second)
 	case "events":
-		err = fail("unsupported", "refdp does not report policy verdicts (it does not claim the Observability profile)")
+		err = driverreply.Fail("unsupported", "refdp does not report policy verdicts (it does not claim the Observability profile)")
 	case "collect":
 		out, err = collect(args)
 	case "cleanup":
 		out, err = cleanup()
 	default:
-		err = fail("unknown verb", "%q; verbs: info start status stop kill events collect cleanup", verb)
+		err = driverreply.Fail("unknown verb", "%q; verbs: info start status stop kill events collect cleanup", verb)
 	}
-	reply(out, err)
-}
-
-func reply(out any, err error) {
-	enc := json.NewEncoder(os.Stdout)
-	if err != nil {
-		var f *failure
-		if !errors.As(err, &f) {
-			f = &failure{msg: "failed", detail: err.Error()}
-		}
-		enc.Encode(map[string]string{"error": f.msg, "detail": f.detail})
-		fmt.Fprintln(os.Stderr, "refdp-driver:", err)
-		os.Exit(1)
-	}
-	if out == nil {
-		out = struct{}{}
-	}
-	enc.Encode(out)
-	os.Exit(0)
+	driverreply.Exit("refdp-driver", out, err)
 }
 
 // env is the node environment of one call.
@@ -136,14 +111,14 @@ func nodeEnv() (env, error) {
 		}
 	}
 	if len(missing) > 0 {
-		return e, fail("bad environment", "%s not set; the suite sets them per node (see docs/driver.md)", strings.Join(missing, ", "))
+		return e, driverreply.Fail("bad environment", "%s not set; the suite sets them per node (see docs/driver.md)", strings.Join(missing, ", "))
 	}
 	if st, err := os.Stat(e.stateDir); err != nil || !st.IsDir() {
-		return e, fail("bad environment", "DPC_STATE_DIR=%s is not a directory", e.stateDir)
+		return e, driverreply.Fail("bad environment", "DPC_STATE_DIR=%s is not a directory", e.stateDir)
 	}
 	if e.netns != "" {
 		if _, err := os.Stat(e.netns); err != nil {
-			return e, fail("bad environment", "DPC_NETNS=%s: %v", e.netns, err)
+			return e, driverreply.Fail("bad environment", "DPC_NETNS=%s: %v", e.netns, err)
 		}
 	}
 	return e, nil
@@ -170,7 +145,7 @@ func agentBinary() (string, error) {
 	}
 	p := filepath.Join(filepath.Dir(self), "refdp")
 	if _, err := os.Stat(p); err != nil {
-		return "", fail("missing binary", "%s not found; build it (`make build`) or set REFDP_BINARY", p)
+		return "", driverreply.Fail("missing binary", "%s not found; build it (`make build`) or set REFDP_BINARY", p)
 	}
 	return p, nil
 }
@@ -182,7 +157,7 @@ func (e env) agentPID() int {
 		return 0
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || !alive(pid) {
+	if err != nil || !proc.Alive(pid) {
 		return 0
 	}
 	// A reused PID is not our agent.
@@ -193,25 +168,14 @@ func (e env) agentPID() int {
 	return pid
 }
 
-// alive reports whether pid runs; a zombie (exited, not yet reaped by its new parent)
-// does not.
-func alive(pid int) bool {
-	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	i := bytes.LastIndexByte(data, ')')
-	return i > 0 && i+2 < len(data) && data[i+2] != 'Z' && data[i+2] != 'X'
-}
-
 func start(args []string) (any, error) {
 	fs := flag.NewFlagSet("start", flag.ContinueOnError)
 	mode := fs.String("mode", "", "refdp has one mode; any other is refused")
 	if err := fs.Parse(args); err != nil {
-		return nil, fail("bad arguments", "%v", err)
+		return nil, driverreply.Fail("bad arguments", "%v", err)
 	}
 	if *mode != "" && *mode != "ebpf" {
-		return nil, fail("bad arguments", "unknown mode %q; refdp has one mode, ebpf", *mode)
+		return nil, driverreply.Fail("bad arguments", "unknown mode %q; refdp has one mode, ebpf", *mode)
 	}
 	e, err := nodeEnv()
 	if err != nil {
@@ -226,7 +190,7 @@ func start(args []string) (any, error) {
 	}
 	fl, err := faults.Parse([]string{os.Getenv("DPC_REFDP_FAULTS")})
 	if err != nil {
-		return nil, fail("bad environment", "DPC_REFDP_FAULTS: %v", err)
+		return nil, driverreply.Fail("bad environment", "DPC_REFDP_FAULTS: %v", err)
 	}
 	argv := []string{"run", "--node", e.node, "--kubeconfig", e.kubeconfig, "--bpffs", e.bpffs, "--state-dir", e.stateDir}
 	for _, f := range fl.Names() {
@@ -245,7 +209,7 @@ func start(args []string) (any, error) {
 	// Its own session: the agent outlives this call and the suite's signals.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := e.inNode(cmd.Start); err != nil {
-		return nil, fail("start failed", "%s: %v", bin, err)
+		return nil, driverreply.Fail("start failed", "%s: %v", bin, err)
 	}
 	pid := cmd.Process.Pid
 	if err := os.WriteFile(e.pidFile(), []byte(strconv.Itoa(pid)), 0o644); err != nil {
@@ -280,12 +244,12 @@ func stopAgent(sig syscall.Signal, wait time.Duration) (any, error) {
 		return struct{}{}, nil
 	}
 	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return nil, fail("signal failed", "%s to refdp (pid %d): %v", sig, pid, err)
+		return nil, driverreply.Fail("signal failed", "%s to refdp (pid %d): %v", sig, pid, err)
 	}
 	deadline := time.Now().Add(wait)
-	for alive(pid) {
+	for proc.Alive(pid) {
 		if time.Now().After(deadline) {
-			return nil, fail("agent did not exit", "refdp (pid %d) still runs %s after %s; see %s", pid, wait, sig, e.logFile())
+			return nil, driverreply.Fail("agent did not exit", "refdp (pid %d) still runs %s after %s; see %s", pid, wait, sig, e.logFile())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
@@ -296,7 +260,7 @@ func collect(args []string) (any, error) {
 	fs := flag.NewFlagSet("collect", flag.ContinueOnError)
 	dir := fs.String("dir", "", "directory to write diagnostics into")
 	if err := fs.Parse(args); err != nil || *dir == "" {
-		return nil, fail("bad arguments", "collect needs --dir DIR")
+		return nil, driverreply.Fail("bad arguments", "collect needs --dir DIR")
 	}
 	e, err := nodeEnv()
 	if err != nil {
@@ -355,7 +319,7 @@ func cleanup() (any, error) {
 		return err
 	})
 	if err != nil {
-		return nil, fail("cleanup failed", "refdp cleanup: %v: %s", err, bytes.TrimSpace(out))
+		return nil, driverreply.Fail("cleanup failed", "refdp cleanup: %v: %s", err, bytes.TrimSpace(out))
 	}
 	for _, f := range []string{e.pidFile(), filepath.Join(e.stateDir, agent.StatusFile)} {
 		os.Remove(f)
