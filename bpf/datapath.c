@@ -233,8 +233,35 @@ static __always_inline void reverse(const struct ct_key *k, struct ct_key *r)
 	r->proto = k->proto;
 }
 
-/* track_plain records a flow that needs no NAT, in both directions. Existing
- * entries win: a tuple may already be the reply of a NAT flow. */
+/* entry_stale: the conntrack entry o belongs to a flow that is over: it saw a
+ * FIN or RST and has been quiet since, or it has been idle past its protocol's
+ * timeout. A new flow may take its tuple over. */
+static __always_inline int entry_stale(const struct ct_value *o, __u8 proto, __u64 now)
+{
+	/* Signed: another CPU may have seen a packet after our now. */
+	__s64 idle = (__s64)(now - o->last_seen_ns);
+
+	if ((o->flags & DPC_CT_CLOSING) && idle > (__s64)(DPC_CT_CLOSE_QUIET_MS * NS_PER_MS))
+		return 1;
+	if (proto == IPPROTO_TCP)
+		return idle > (__s64)(DPC_CT_TCP_IDLE_SEC * NS_PER_SEC);
+	return idle > (__s64)(DPC_CT_UDP_IDLE_SEC * NS_PER_SEC);
+}
+
+/* put_plain records v under k unless k belongs to a live flow: a tuple may be the
+ * reply of a NAT flow still in use (that one wins), or of one that is over (a
+ * client reuses source ports: the stale entry must not hijack the new flow's
+ * replies, so the new flow takes the tuple over). */
+static __always_inline void put_plain(const struct ct_key *k, const struct ct_value *v, __u64 now)
+{
+	struct ct_value *o = bpf_map_lookup_elem(&dpc_conntrack, k);
+
+	if (o && !entry_stale(o, k->proto, now))
+		return;
+	bpf_map_update_elem(&dpc_conntrack, k, v, BPF_ANY);
+}
+
+/* track_plain records a flow that needs no NAT, in both directions. */
 static __always_inline void track_plain(const struct ct_key *k, __u32 flags, __u64 now)
 {
 	struct ct_value v = {
@@ -244,10 +271,10 @@ static __always_inline void track_plain(const struct ct_key *k, __u32 flags, __u
 	};
 	struct ct_key r = {};
 
-	bpf_map_update_elem(&dpc_conntrack, k, &v, BPF_NOEXIST);
+	put_plain(k, &v, now);
 	reverse(k, &r);
 	v.flags |= DPC_CT_REPLY;
-	bpf_map_update_elem(&dpc_conntrack, &r, &v, BPF_NOEXIST);
+	put_plain(&r, &v, now);
 }
 
 /* track_nat records a DNAT flow in both directions (replacing older entries:
@@ -378,16 +405,7 @@ static __always_inline int snat_owned(const struct ct_value *o, const struct ct_
  * entries (e.g. the node's own connections) are never taken over. */
 static __always_inline int snat_reusable(const struct ct_value *o, __u8 proto, __u64 now)
 {
-	/* Signed: another CPU may have seen a packet after our now. */
-	__s64 idle = (__s64)(now - o->last_seen_ns);
-
-	if (!(o->flags & DPC_CT_SNAT_REPLY))
-		return 0;
-	if ((o->flags & DPC_CT_CLOSING) && idle > (__s64)(DPC_CT_CLOSE_QUIET_MS * NS_PER_MS))
-		return 1;
-	if (proto == IPPROTO_TCP)
-		return idle > (__s64)(DPC_CT_TCP_IDLE_SEC * NS_PER_SEC);
-	return idle > (__s64)(DPC_CT_UDP_IDLE_SEC * NS_PER_SEC);
+	return (o->flags & DPC_CT_SNAT_REPLY) && entry_stale(o, proto, now);
 }
 
 /* snat_pick finds a SNAT port for a flow (sk: its SNAT reply tuple, port

@@ -45,6 +45,11 @@
 // tuple re-selects its backend (keeping the entries, and the SNAT port if it
 // is still the flow's own, when the backend stays).
 //
+// A new flow without NAT takes over a tuple whose entry belongs to a flow that is
+// over (closed and quiet, or idle past its timeout): clients reuse source ports,
+// and the reply entry of an old ClusterIP flow to the same pod must not rewrite
+// the new direct flow's replies. An entry of a live flow is never taken over.
+//
 // NodePort SNAT reuses ports: a new flow takes the first free port of its
 // SNATPortTries candidates, else takes over the least recently seen candidate
 // whose SNAT reply entry belongs to a flow that closed and has been quiet for
