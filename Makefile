@@ -18,6 +18,8 @@ GENERATE_PKGS := clang llvm libbpf-dev
 # (default: every profile it claims).
 DRIVER ?= $(BIN)/refdp-driver
 PROFILES ?=
+# Stamped into the reference's driver, which reports it in `info` and so in reports.
+VERSION ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
 
 all: build
 
@@ -50,7 +52,7 @@ binaries: control-plane cni
 ## build: the project's own binaries into _output/bin
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./conformance/cmd/... ./reference/cmd/...
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./conformance/cmd/... ./reference/cmd/...
 
 ## generate: rebuild the BPF objects and their Go bindings with clang
 generate: deps-generate

@@ -161,8 +161,9 @@ func measured(f matchers.Figure) string {
 	if f.Of > 0 {
 		s += " of " + thousands(f.Of)
 	}
-	if f.Unit != "" && f.Unit != "attempts" && f.Unit != "streams" {
-		s += " " + f.Unit
+	// Counts are named by their figure ("resets 0 of 12"); only times need a unit.
+	if f.Unit == "ms" {
+		s += " ms"
 	}
 	if f.Budget != nil {
 		s += " (budget " + num(*f.Budget)
