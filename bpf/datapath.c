@@ -249,14 +249,15 @@ static __always_inline int entry_stale(const struct ct_value *o, __u8 proto, __u
 }
 
 /* put_plain records v under k unless k belongs to a live flow: a tuple may be the
- * reply of a NAT flow still in use (that one wins), or of one that is over (a
- * client reuses source ports: the stale entry must not hijack the new flow's
- * replies, so the new flow takes the tuple over). */
+ * reply of a NAT flow still in use (that one wins), or of one that is closing or
+ * over (a client reuses source ports at once: the old entry must not hijack the
+ * new flow's replies, so the new flow takes the tuple over, as Linux conntrack
+ * gives way to a new SYN on a tuple in TIME_WAIT). */
 static __always_inline void put_plain(const struct ct_key *k, const struct ct_value *v, __u64 now)
 {
 	struct ct_value *o = bpf_map_lookup_elem(&dpc_conntrack, k);
 
-	if (o && !entry_stale(o, k->proto, now))
+	if (o && !(o->flags & DPC_CT_CLOSING) && !entry_stale(o, k->proto, now))
 		return;
 	bpf_map_update_elem(&dpc_conntrack, k, v, BPF_ANY);
 }

@@ -46,7 +46,7 @@
 // is still the flow's own, when the backend stays).
 //
 // A new flow without NAT takes over a tuple whose entry belongs to a flow that is
-// over (closed and quiet, or idle past its timeout): clients reuse source ports,
+// closing (FIN or RST seen) or idle past its timeout: clients reuse source ports,
 // and the reply entry of an old ClusterIP flow to the same pod must not rewrite
 // the new direct flow's replies. An entry of a live flow is never taken over.
 //
