@@ -66,6 +66,10 @@ type Agent struct {
 	status *statusFile
 
 	kick chan struct{}
+	// applied is closed after the first service apply (the eager-service-sync fault
+	// holds host-IP discovery back until then).
+	applied     chan struct{}
+	appliedOnce sync.Once
 
 	mu      sync.Mutex
 	hostIPs []netip.Addr
@@ -106,7 +110,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Node == "" || cfg.Kubeconfig == "" || cfg.PinDir == "" || cfg.StateDir == "" {
 		return errors.New("agent: Node, Kubeconfig, PinDir and StateDir are required")
 	}
-	a := &Agent{cfg: cfg, log: cfg.Log, kick: make(chan struct{}, 1), attached: map[string]endpoint{}}
+	a := &Agent{cfg: cfg, log: cfg.Log, kick: make(chan struct{}, 1), applied: make(chan struct{}), attached: map[string]endpoint{}}
 	a.status = &statusFile{path: filepath.Join(cfg.StateDir, StatusFile)}
 	if err := a.status.write(false, "starting"); err != nil {
 		return err
@@ -227,7 +231,14 @@ func (a *Agent) watchHostIPs(ctx context.Context, link netlink.Link) {
 		a.log.Error("cannot watch host addresses; using the current ones only", "err", err)
 	}
 	if a.cfg.Faults.Has(faults.EagerServiceSync) {
-		a.log.Warn("fault: host-IP discovery reports late", "fault", faults.EagerServiceSync, "delay", hostIPDelay)
+		// As in Calico 12192: discovery reports only after the syncer has applied its
+		// first (incomplete) state, and then a few hundred ms late.
+		a.log.Warn("fault: host-IP discovery reports after the first apply, and late", "fault", faults.EagerServiceSync, "delay", hostIPDelay)
+		select {
+		case <-a.applied:
+		case <-ctx.Done():
+			return
+		}
 		select {
 		case <-time.After(hostIPDelay):
 		case <-ctx.Done():
@@ -341,6 +352,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	a.appliedOnce.Do(func() { close(a.applied) })
 	if st.FrontendsWritten+st.FrontendsDeleted+st.BackendsWritten+st.BackendsDeleted > 0 {
 		a.log.Info("services applied", "changes", st.String(), "hostIPsKnown", hostsOK)
 	}

@@ -13,8 +13,9 @@ import (
 // Fault names.
 const (
 	// EagerServiceSync: the service syncer applies (and deletes) before the host IPs
-	// are known, and host-IP discovery reports a few hundred ms late, so NodePort
-	// frontends of the previous run are erased for that long (Calico issue 12192).
+	// are known, and host-IP discovery reports a few hundred ms after that first
+	// apply, so NodePort frontends of the previous run are erased for that long
+	// (Calico issue 12192).
 	EagerServiceSync = "eager-service-sync"
 	// FlushNATOnStart: the agent empties the NAT maps when it starts.
 	FlushNATOnStart = "flush-nat-on-start"
