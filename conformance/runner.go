@@ -115,9 +115,6 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 // Info is what the implementation said of itself.
 func (r *Runner) Info() driver.Info { return r.info }
 
-// Config is the runner's configuration, defaults filled in.
-func (r *Runner) Config() Config { return r.cfg }
-
 // Selected reports whether a spec runs, and why not.
 func (r *Runner) Selected(s Spec) (bool, string) {
 	if len(r.cfg.Profiles) > 0 && !slices.Contains(r.cfg.Profiles, s.Profile) {

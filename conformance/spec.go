@@ -106,14 +106,6 @@ func Specs() []Spec {
 	return out
 }
 
-// Lookup returns the spec with the given ID.
-func Lookup(id string) (Spec, bool) {
-	mu.Lock()
-	defer mu.Unlock()
-	s, ok := registry[id]
-	return s, ok
-}
-
 // AllProfiles lists the profiles in report order.
 var AllProfiles = []string{Core, ModeSwitch, Policy, Upgrade, Observability}
 

@@ -141,7 +141,7 @@ func restart(ctx context.Context, e *conformance.Env, n topologies.Node, crash b
 // implementationOr passes driver errors on and charges anything else to the
 // implementation.
 func implementationOr(err error, format string, args ...any) error {
-	if isDriverError(err) {
+	if driver.IsDriverError(err) {
 		return err
 	}
 	return conformance.Failf(format, args...)
@@ -153,8 +153,6 @@ func how(crash bool) string {
 	}
 	return "graceful restart"
 }
-
-func isDriverError(err error) bool { return driver.IsDriverError(err) }
 
 // warmStreak is how many consecutive new connections must succeed for a flow to count
 // as programmed.

@@ -49,21 +49,12 @@ func (m *Map[K, V]) Dataplane() map[K]V { return maps.Clone(m.dataplane) }
 // it; fn must not modify or keep the map.
 func (m *Map[K, V]) View(fn func(dataplane map[K]V)) { fn(m.dataplane) }
 
-// Desired returns a copy of the desired state.
-func (m *Map[K, V]) Desired() map[K]V { return maps.Clone(m.desired) }
-
 // SetDesired replaces the whole desired state with a copy of d.
 func (m *Map[K, V]) SetDesired(d map[K]V) { m.desired = maps.Clone(d) }
 
 // TakeDesired replaces the whole desired state with d itself, which the caller must
 // not use afterwards (no copy: for large states built only to be handed over).
 func (m *Map[K, V]) TakeDesired(d map[K]V) { m.desired = d }
-
-// SetDesiredEntry sets one desired entry.
-func (m *Map[K, V]) SetDesiredEntry(k K, v V) { m.desired[k] = v }
-
-// DeleteDesiredEntry removes one desired entry.
-func (m *Map[K, V]) DeleteDesiredEntry(k K) { delete(m.desired, k) }
 
 // ApplyUpdates writes every desired entry that the kernel lacks or holds differently,
 // and returns how many it wrote.

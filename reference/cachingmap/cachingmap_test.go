@@ -52,7 +52,7 @@ func TestAdoptsAndWritesOnlyDifferences(t *testing.T) {
 func TestFailedPutIsRetried(t *testing.T) {
 	kernel := &fakeBackend{m: map[string]int{}, failPut: "a"}
 	m := New[string, int]("test", kernel)
-	m.SetDesiredEntry("a", 1)
+	m.SetDesired(map[string]int{"a": 1})
 	if _, err := m.ApplyUpdates(); err == nil {
 		t.Fatal("want the backend's error")
 	}

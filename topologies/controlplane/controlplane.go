@@ -176,9 +176,6 @@ func (cp *ControlPlane) RESTConfig() *rest.Config { return rest.CopyConfig(cp.re
 // network namespace that reaches BindIP.
 func (cp *ControlPlane) Kubeconfig() string { return cp.kubeconfig }
 
-// Processes returns the running processes, for diagnostics.
-func (cp *ControlPlane) Processes() []*Process { return cp.procs }
-
 // Stop stops the processes in reverse start order and returns the first error.
 func (cp *ControlPlane) Stop() error {
 	var errs []error
