@@ -20,11 +20,58 @@ import (
 // longer than MaxBlind without starting an attempt, counting from the window start
 // and up to its end; otherwise the matcher returns an ErrInstrument error.
 func HaveNoFailedAttempts(opts ...Option) Matcher {
-	return newMatcher("no failed connection attempt", opts, evalAttempts)
+	return newMatcher("no failed connection attempt", KindReset, opts, evalAttempts)
 }
 
 func wrongBackend(e probe.Event, o options) bool {
 	return e.Outcome == probe.OK && len(o.backends) > 0 && !slices.Contains(o.backends, e.Backend)
+}
+
+// AttemptKind is the kind of a failed connect attempt: one per outcome the probe can
+// record, and wrong-backend only for a reply from a backend outside allowed (any
+// backend is allowed when allowed is empty). It is empty for a successful attempt.
+func AttemptKind(e probe.Event, allowed []string) Kind {
+	switch e.Outcome {
+	case probe.OK, probe.Stopped, "":
+		if len(allowed) > 0 && !slices.Contains(allowed, e.Backend) {
+			return KindWrongBackend
+		}
+		return ""
+	case probe.Refused, probe.Reset:
+		return KindReset
+	case probe.Timeout:
+		return KindTimeout
+	case probe.Unreachable:
+		return KindUnreachable
+	case probe.NoReply:
+		return KindNoReply
+	case probe.WrongReply:
+		return KindWrongReply
+	case probe.Skipped:
+		return KindSkipped
+	case probe.LocalError:
+		return KindLocalError
+	}
+	// Outcomes of streams or processes (closed, killed, crashed) that an attempt does
+	// not record today: name them as they are rather than guess.
+	return Kind(e.Outcome)
+}
+
+// kindCounts renders failures by kind, in a stable order: ": 2 reset, 1 unreachable".
+func kindCounts(count map[Kind]int) string {
+	if len(count) == 0 {
+		return ""
+	}
+	kinds := make([]string, 0, len(count))
+	for k := range count {
+		kinds = append(kinds, string(k))
+	}
+	slices.Sort(kinds)
+	parts := make([]string, 0, len(kinds))
+	for _, k := range kinds {
+		parts = append(parts, fmt.Sprintf("%d %s", count[Kind(k)], k))
+	}
+	return ": " + strings.Join(parts, ", ")
 }
 
 func attemptFailed(e probe.Event, o options) bool { return e.Outcome.Failed() || wrongBackend(e, o) }
@@ -71,20 +118,14 @@ func evalAttempts(w timeline.Window, o options) (outcome, error) {
 		blind = max(blind, gap)
 	}
 
-	var resets, timeouts, other int
+	count := map[Kind]int{}
 	for _, e := range failed {
-		switch {
-		case e.Outcome.IsResetOrRefused():
-			resets++
-		case e.Outcome == probe.Timeout:
-			timeouts++
-		default:
-			other++
-		}
+		count[AttemptKind(e, o.backends)]++
 	}
+	resets, timeouts := count[KindReset], count[KindTimeout]
 	out := outcome{verdict: Pass, figures: []Figure{
 		{Name: "failed_attempts", Value: float64(len(failed)), Unit: "attempts", Of: total, Budget: budget(float64(o.allow)),
-			Text: fmt.Sprintf("failed %d of %d attempts (budget %d): %d reset-or-refused, %d timeout, %d other", len(failed), total, o.allow, resets, timeouts, other)},
+			Text: fmt.Sprintf("failed %d of %d attempts (budget %d)%s", len(failed), total, o.allow, kindCounts(count))},
 		{Name: "reset_or_refused", Value: float64(resets), Unit: "attempts", Of: total, Text: fmt.Sprintf("%d reset or refused (RST)", resets)},
 		{Name: "timeouts", Value: float64(timeouts), Unit: "attempts", Of: total, Text: fmt.Sprintf("%d timed out", timeouts)},
 		{Name: "max_latency", Value: msf(maxLat), Unit: "ms", Text: fmt.Sprintf("slowest successful attempt %s", fmtMs(maxLat))},
@@ -96,6 +137,15 @@ func evalAttempts(w timeline.Window, o options) (outcome, error) {
 	}
 	out.verdict = Violation
 	first := failed[0]
+	// A RST is the sharpest evidence, then a timeout; otherwise how the first failed.
+	switch {
+	case resets > 0:
+		out.kind = KindReset
+	case timeouts > 0:
+		out.kind = KindTimeout
+	default:
+		out.kind = AttemptKind(first, o.backends)
+	}
 	out.first = describeAttempt(w, first, o)
 	var b strings.Builder
 	b.WriteString("Timeline around it:\n")

@@ -45,7 +45,7 @@ func senders(w timeline.Window, o options, roles ...probe.Role) (map[string]bool
 // a flow that policy denies. Options: Probes (the senders), To (destination labels or
 // addresses), Grace, Context.
 func HaveZeroDelivered(opts ...Option) Matcher {
-	return newMatcher("nothing delivered", opts, func(w timeline.Window, o options) (outcome, error) {
+	return newMatcher("nothing delivered", KindDelivered, opts, func(w timeline.Window, o options) (outcome, error) {
 		from, err := senders(w, o, probe.RoleConnect, probe.RoleStream, probe.RoleUDP)
 		if err != nil {
 			return outcome{}, err
@@ -138,7 +138,7 @@ func HaveZeroDelivered(opts ...Option) Matcher {
 // Options: Probes (the udp senders), Grace, Context.
 func DeliverToOnceDeliveredTo(target, control string, opts ...Option) Matcher {
 	what := fmt.Sprintf("every datagram to %s delivered once one to %s is", target, control)
-	return newMatcher(what, opts, func(w timeline.Window, o options) (outcome, error) {
+	return newMatcher(what, KindLost, opts, func(w timeline.Window, o options) (outcome, error) {
 		from, err := senders(w, o, probe.RoleUDP)
 		if err != nil {
 			return outcome{}, err

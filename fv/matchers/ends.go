@@ -15,7 +15,7 @@ import (
 // backend went away must end, not hang silently until a client timeout. A stream
 // still silent at that deadline is a violation. Options: Probes, OnBackends, Context.
 func HaveStreamsEndedWithin(after string, limit time.Duration, opts ...Option) Matcher {
-	return newMatcher(fmt.Sprintf("every stream ended within %s of %s", fmtMs(limit), after), opts, func(w timeline.Window, o options) (outcome, error) {
+	return newMatcher(fmt.Sprintf("every stream ended within %s of %s", fmtMs(limit), after), KindHang, opts, func(w timeline.Window, o options) (outcome, error) {
 		var at monotime.Time
 		for _, t := range w.Transitions {
 			if t.Name == after {

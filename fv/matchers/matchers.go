@@ -52,9 +52,36 @@ const (
 	Instrument   Verdict = "instrument"   // the probes did not cover the window: an environment error
 )
 
+// Kind says how an invariant failed. It is part of every matcher's Result: a
+// Violation always carries the kind of what was measured (the contract the suite's
+// report and self-test rely on), a Precondition carries KindPrecondition, a pass none.
+type Kind string
+
+// Kinds of failure. The attempt kinds map the probe's outcomes one to one, so that
+// every outcome a probe can record has its kind; wrong-backend means only a reply from
+// a backend the check did not allow.
+const (
+	KindReset        Kind = "reset"         // a RST: refused connect, or reset stream or attempt
+	KindTimeout      Kind = "timeout"       // no answer within the attempt timeout
+	KindUnreachable  Kind = "unreachable"   // ICMP unreachable or no route
+	KindNoReply      Kind = "no-reply"      // the peer closed without replying
+	KindWrongReply   Kind = "wrong-reply"   // a reply that is not the protocol's
+	KindWrongBackend Kind = "wrong-backend" // a reply from a backend the check did not allow
+	KindSkipped      Kind = "skipped"       // the probe skipped attempts: too many in flight
+	KindLocalError   Kind = "local-error"   // the client could not even try (ports, descriptors)
+	KindGap          Kind = "gap"           // a stream stalled beyond its budget
+	KindNotAlive     Kind = "not-alive"     // a stream that should be alive is dead
+	KindHang         Kind = "hang"          // a stream that should have ended is still silent
+	KindDelivered    Kind = "delivered"     // traffic that must be denied got through
+	KindLost         Kind = "lost"          // traffic that must be delivered was not
+	KindPrecondition Kind = "precondition"  // what the invariant needs never happened
+)
+
 // Result is what a matcher measured in its last Match.
 type Result struct {
-	Verdict Verdict  `json:"verdict"`
+	Verdict Verdict `json:"verdict"`
+	// Kind is how the invariant failed; empty on a pass.
+	Kind    Kind     `json:"kind,omitempty"`
 	Figures []Figure `json:"figures"`
 	// First is the first violation in one line; empty on a pass.
 	First string `json:"first,omitempty"`
@@ -65,6 +92,10 @@ type Matcher interface {
 	types.GomegaMatcher
 	// Result is what the last Match measured.
 	Result() Result
+	// WithDefaults returns the matcher with defaults applied before its own options:
+	// the suite passes its budgets (MaxBlind, Within, ...) this way, and an option the
+	// matcher was built with still wins.
+	WithDefaults(opts ...Option) Matcher
 }
 
 // ErrInstrument wraps the error a matcher returns when its probes did not cover the
@@ -193,6 +224,7 @@ func toWindow(actual any) (timeline.Window, error) {
 // outcome is what an evaluation found.
 type outcome struct {
 	verdict Verdict
+	kind    Kind // of a violation; the matcher's own kind when empty
 	figures []Figure
 	first   string // one line
 	detail  string // the rest of the message: excerpt, other violations
@@ -201,19 +233,36 @@ type outcome struct {
 // matcher is the shared Gomega plumbing; eval does the measuring.
 type matcher struct {
 	what string // the invariant, e.g. "no failed connection attempt"
+	kind Kind   // of a violation, unless eval names a more precise one
 	opts options
 	eval func(w timeline.Window, o options) (outcome, error)
 
-	w   timeline.Window
-	out outcome
+	given []Option // as built, for WithDefaults
+	w     timeline.Window
+	out   outcome
 }
 
-func newMatcher(what string, opts []Option, eval func(timeline.Window, options) (outcome, error)) *matcher {
+func newMatcher(what string, kind Kind, opts []Option, eval func(timeline.Window, options) (outcome, error)) *matcher {
+	m := &matcher{what: what, kind: kind, eval: eval, given: opts}
+	m.opts = resolve(nil, opts)
+	return m
+}
+
+func resolve(defs, given []Option) options {
 	o := defaults()
-	for _, f := range opts {
+	for _, f := range defs {
 		f(&o)
 	}
-	return &matcher{what: what, opts: o, eval: eval}
+	for _, f := range given {
+		f(&o)
+	}
+	return o
+}
+
+func (m *matcher) WithDefaults(opts ...Option) Matcher {
+	c := *m
+	c.opts = resolve(opts, m.given)
+	return &c
 }
 
 func (m *matcher) Match(actual any) (bool, error) {
@@ -226,6 +275,16 @@ func (m *matcher) Match(actual any) (bool, error) {
 	if err != nil {
 		m.out = outcome{verdict: Instrument, first: err.Error()}
 		return false, fmt.Errorf("%w: cannot check %s in the %s: %w", ErrInstrument, m.what, w, err)
+	}
+	switch m.out.verdict {
+	case Pass:
+		m.out.kind = ""
+	case Precondition:
+		m.out.kind = KindPrecondition
+	case Violation:
+		if m.out.kind == "" {
+			m.out.kind = m.kind
+		}
 	}
 	return m.out.verdict == Pass, nil
 }
@@ -261,7 +320,7 @@ func (m *matcher) NegatedFailureMessage(any) string {
 }
 
 func (m *matcher) Result() Result {
-	return Result{Verdict: m.out.verdict, Figures: m.out.figures, First: m.out.first}
+	return Result{Verdict: m.out.verdict, Kind: m.out.kind, Figures: m.out.figures, First: m.out.first}
 }
 
 func budget(v float64) *float64 { return &v }

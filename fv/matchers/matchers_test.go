@@ -58,6 +58,8 @@ func connects(tl *timeline.Timeline, name string, fail func(ms float64) probe.Ou
 		case probe.OK:
 		case probe.Timeout:
 			e.Latency, e.Backend, e.Err = time.Second, "", "connect: no answer before the deadline"
+		case probe.Unreachable:
+			e.Backend, e.Err = "", "connect: network is unreachable"
 		default:
 			e.Backend, e.Err = "", "connect: connection refused (RST or ICMP port unreachable)"
 		}
@@ -139,6 +141,7 @@ type check struct {
 	matcher   func() matchers.Matcher
 	pass      bool
 	verdict   matchers.Verdict
+	kind      matchers.Kind // of a violation; checked when set
 	contains  []string // in the failure message, or in the error for instrument verdicts
 	figure    string
 	figureVal float64
@@ -155,6 +158,14 @@ func run(t *testing.T, cases []check) {
 			ok, err := m.Match(w)
 			res := m.Result()
 			g.Expect(res.Verdict).To(Equal(c.verdict), "result %+v, err %v", res, err)
+			switch {
+			case c.kind != "":
+				g.Expect(res.Kind).To(Equal(c.kind), "kind of %+v", res)
+			case res.Verdict == matchers.Violation:
+				g.Expect(res.Kind).NotTo(BeEmpty(), "a violation names its kind: %+v", res)
+			case res.Verdict == matchers.Pass:
+				g.Expect(res.Kind).To(BeEmpty(), "a pass has no failure kind")
+			}
 			if c.verdict == matchers.Instrument {
 				g.Expect(err).To(MatchError(matchers.ErrInstrument))
 				for _, s := range c.contains {
@@ -205,9 +216,9 @@ func TestHaveNoFailedAttempts(t *testing.T) {
 			})
 		},
 		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts() },
-		verdict: matchers.Violation, figure: "failed_attempts", figureVal: 5,
+		verdict: matchers.Violation, kind: matchers.KindTimeout, figure: "failed_attempts", figureVal: 5,
 		contains: []string{
-			"failed 5 of 2251 attempts (budget 0): 0 reset-or-refused, 5 timeout",
+			"failed 5 of 2251 attempts (budget 0): 5 timeout",
 			"First violation: probe ext, started +32.0 ms after exited (68.0 ms before start-sent)",
 			"attempt #817 to 10.0.0.1:80: TIMEOUT after 1000.0 ms",
 			"===== exited =====", "<==", "attempts #", "ext #817..#821 TIMEOUT (5)",
@@ -223,14 +234,46 @@ func TestHaveNoFailedAttempts(t *testing.T) {
 			})
 		},
 		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts(matchers.Allow(1)) },
-		verdict: matchers.Violation, figure: "failed_attempts", figureVal: 2,
-		contains: []string{"2 reset-or-refused", "REFUSED", "after ready"},
+		verdict: matchers.Violation, kind: matchers.KindReset, figure: "failed_attempts", figureVal: 2,
+		contains: []string{"2 reset", "REFUSED", "after ready"},
 	}, {
 		name:     "fails on a wrong backend",
 		build:    func(tl *timeline.Timeline) { connects(tl, "ext", nil) },
 		matcher:  func() matchers.Matcher { return matchers.HaveNoFailedAttempts(matchers.Backends("pod-z")) },
 		verdict:  matchers.Violation,
-		contains: []string{"WRONG BACKEND pod-a (expected pod-z)"},
+		kind:     matchers.KindWrongBackend,
+		contains: []string{"WRONG BACKEND pod-a (expected pod-z)", "2251 wrong-backend"},
+	}, {
+		// Found running real Calico: an unreachable attempt was reported as a wrong
+		// backend while the figure counted it as "other".
+		name: "fails on an unreachable network as unreachable, not as a wrong backend",
+		build: func(tl *timeline.Timeline) {
+			connects(tl, "ext", func(ms float64) probe.Outcome {
+				if ms >= 3000 && ms < 3010 {
+					return probe.Unreachable
+				}
+				return probe.OK
+			})
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts(matchers.Backends("pod-a")) },
+		verdict: matchers.Violation, kind: matchers.KindUnreachable, figure: "failed_attempts", figureVal: 5,
+		contains: []string{"failed 5 of 2251 attempts (budget 0): 5 unreachable", "UNREACHABLE"},
+	}, {
+		name: "names the sharper kind when failures mix: a reset before an unreachable",
+		build: func(tl *timeline.Timeline) {
+			connects(tl, "ext", func(ms float64) probe.Outcome {
+				switch {
+				case ms == 2600:
+					return probe.Unreachable
+				case ms == 2700:
+					return probe.Refused
+				}
+				return probe.OK
+			})
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts() },
+		verdict: matchers.Violation, kind: matchers.KindReset,
+		contains: []string{"1 reset, 1 unreachable"},
 	}, {
 		name: "ignores failures outside the window",
 		build: func(tl *timeline.Timeline) {
@@ -452,4 +495,21 @@ func TestMatchRejectsOtherValues(t *testing.T) {
 	g.Expect(strings.Contains(err.Error(), "timeline.Window")).To(BeTrue())
 	_, err = matchers.HaveNoResets().Match(timeline.New())
 	g.Expect(err).To(HaveOccurred())
+}
+
+// The suite passes its budgets as defaults; an option the spec chose still wins.
+func TestWithDefaults(t *testing.T) {
+	g := NewWithT(t)
+	tl := newTimeline()
+	connects(tl, "ext", nil) // an attempt every 2 ms
+	w := window(tl)
+
+	strict := matchers.HaveNoFailedAttempts().WithDefaults(matchers.MaxBlind(time.Millisecond))
+	_, err := strict.Match(w)
+	g.Expect(err).To(MatchError(matchers.ErrInstrument), "a 1 ms blind budget given as a default applies")
+
+	own := matchers.HaveNoFailedAttempts(matchers.MaxBlind(time.Second)).WithDefaults(matchers.MaxBlind(time.Millisecond))
+	ok, err := own.Match(w)
+	g.Expect(err).NotTo(HaveOccurred(), "the matcher's own MaxBlind wins over the default")
+	g.Expect(ok).To(BeTrue())
 }

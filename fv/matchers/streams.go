@@ -169,7 +169,7 @@ func gapsOf(w timeline.Window, s *streamState) []gap {
 // and count at their full length when they overlap the window; a stream that stopped
 // echoing (or died) has a gap up to the window end. Options: Probes, Context.
 func HaveStreamGapsWithin(limit time.Duration, opts ...Option) Matcher {
-	return newMatcher(fmt.Sprintf("every stream's gaps within %s", fmtMs(limit)), opts, func(w timeline.Window, o options) (outcome, error) {
+	return newMatcher(fmt.Sprintf("every stream's gaps within %s", fmtMs(limit)), KindGap, opts, func(w timeline.Window, o options) (outcome, error) {
 		streams, err := streamProbes(w, o, true)
 		if err != nil {
 			return outcome{}, err
@@ -240,7 +240,7 @@ func endText(w timeline.Window, e *probe.Event) string {
 // or failed to open with a reset or refusal, and no connect attempt was reset or
 // refused. Options: Probes, Context.
 func HaveNoResets(opts ...Option) Matcher {
-	return newMatcher("no reset", opts, func(w timeline.Window, o options) (outcome, error) {
+	return newMatcher("no reset", KindReset, opts, func(w timeline.Window, o options) (outcome, error) {
 		ps := probesOf(w)
 		probes := append(ofRole(ps, probe.RoleStream, o), ofRole(ps, probe.RoleConnect, o)...)
 		if len(probes) == 0 {
@@ -310,7 +310,7 @@ func HaveNoResets(opts ...Option) Matcher {
 // the end: it has not ended, and its last echo arrived within Within (default
 // 500 ms) of the end. Options: Probes, Within, Context.
 func BeAliveAtEnd(opts ...Option) Matcher {
-	return newMatcher("every stream alive at the end", opts, func(w timeline.Window, o options) (outcome, error) {
+	return newMatcher("every stream alive at the end", KindNotAlive, opts, func(w timeline.Window, o options) (outcome, error) {
 		streams, err := streamProbes(w, o, false)
 		if err != nil {
 			return outcome{}, err
