@@ -12,6 +12,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Timeouts bound each verb of an exec driver; a conformant driver never needs more.
@@ -181,7 +183,7 @@ func (e *Exec) call(ctx context.Context, timeout time.Duration, verb string, n *
 	case runErr != nil:
 		var ee *exec.ExitError
 		if errors.As(runErr, &ee) {
-			return fail("exit", fmt.Errorf("exit status %d", ee.ExitCode()))
+			return fail("exit", exitReason(ee))
 		}
 		return fail("exec", runErr)
 	}
@@ -197,4 +199,22 @@ func (e *Exec) call(ctx context.Context, timeout time.Duration, verb string, n *
 		return fail("malformed", errors.New("stdout has more than one JSON value"))
 	}
 	return nil
+}
+
+// exitReason says how a driver that failed ended. A driver killed by a signal has no
+// exit status (ExitCode is -1); its signal is what the report must show: a SIGKILL
+// from the OOM killer or a SIGSEGV reads very differently from "exit status -1".
+func exitReason(ee *exec.ExitError) error {
+	if ws, ok := ee.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+		sig := ws.Signal()
+		name := unix.SignalName(sig)
+		if name == "" {
+			name = fmt.Sprintf("signal %d", int(sig))
+		}
+		if ws.CoreDump() {
+			return fmt.Errorf("killed by signal %s (core dumped)", name)
+		}
+		return fmt.Errorf("killed by signal %s", name)
+	}
+	return fmt.Errorf("exit status %d", ee.ExitCode())
 }

@@ -80,6 +80,13 @@ func TestExecDriver(t *testing.T) {
 			wantText: []string{"cannot start", "no /usr/bin/agent", "agent binary missing", "exit status 3", "start on node-a"},
 		},
 		{
+			name:     "a driver killed by a signal",
+			body:     `echo 'about to die' >&2; kill -KILL $$`,
+			call:     func(d *Exec) error { return d.Stop(context.Background(), n) },
+			wantKind: "exit",
+			wantText: []string{"killed by signal SIGKILL", "about to die", "stop on node-a"},
+		},
+		{
 			name:     "hung driver",
 			body:     `sleep 30; echo '{}'`,
 			call:     func(d *Exec) error { return d.Stop(context.Background(), n) },
