@@ -9,6 +9,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 )
 
@@ -21,6 +23,62 @@ type Info struct {
 	// CNI is the implementation's CNI network configuration list; empty means the
 	// topology's default (ptp + host-local).
 	CNI json.RawMessage `json:"cni,omitempty"`
+	// Modes, Versions and Settings are the variants `start` can start (--mode,
+	// --version, and the keys of --set): a spec that needs a variant the
+	// implementation does not offer is skipped, not failed. Empty means none.
+	Modes    []string `json:"modes,omitempty"`
+	Versions []string `json:"versions,omitempty"`
+	Settings []string `json:"settings,omitempty"`
+}
+
+// StartOptions say which variant of the implementation `start` starts. The zero value
+// is the implementation's default, which every driver must be able to start.
+type StartOptions struct {
+	Mode    string            // --mode M
+	Version string            // --version V
+	Set     map[string]string // --set key=value, one flag per key, keys in sorted order
+}
+
+// Args are the command-line flags of `start` for o: only the options that are set,
+// --set flags sorted by key so that a call is reproducible.
+func (o StartOptions) Args() []string {
+	var args []string
+	if o.Mode != "" {
+		args = append(args, "--mode", o.Mode)
+	}
+	if o.Version != "" {
+		args = append(args, "--version", o.Version)
+	}
+	for _, k := range slices.Sorted(maps.Keys(o.Set)) {
+		args = append(args, "--set", k+"="+o.Set[k])
+	}
+	return args
+}
+
+// Offers returns nil if the implementation can start o, or an error that names what
+// it does not offer and what it does, e.g. `refdp does not offer version "v2"
+// (versions: v1)`: the suite skips a spec that needs it with that reason.
+func (i Info) Offers(o StartOptions) error {
+	var errs []error
+	if o.Mode != "" && !contains(i.Modes, o.Mode) {
+		errs = append(errs, i.notOffered("mode", "modes", o.Mode, i.Modes))
+	}
+	if o.Version != "" && !contains(i.Versions, o.Version) {
+		errs = append(errs, i.notOffered("version", "versions", o.Version, i.Versions))
+	}
+	for _, k := range slices.Sorted(maps.Keys(o.Set)) {
+		if !contains(i.Settings, k) {
+			errs = append(errs, i.notOffered("setting", "settings", k, i.Settings))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (i Info) notOffered(what, plural, want string, offered []string) error {
+	if len(offered) == 0 {
+		return fmt.Errorf("%s does not offer %s %q (it offers no %s)", i.Name, what, want, plural)
+	}
+	return fmt.Errorf("%s does not offer %s %q (%s: %s)", i.Name, what, want, plural, strings.Join(offered, ", "))
 }
 
 // HasProfile reports whether the implementation claims profile p.
@@ -72,8 +130,9 @@ type Node struct {
 // is done or ctx ends.
 type Driver interface {
 	Info(ctx context.Context) (Info, error)
-	// Start starts the agent on the node and returns without waiting for readiness.
-	Start(ctx context.Context, n Node, mode string) error
+	// Start starts the variant opts of the agent on the node and returns without
+	// waiting for readiness.
+	Start(ctx context.Context, n Node, opts StartOptions) error
 	Status(ctx context.Context, n Node) (Status, error)
 	// Stop stops the agent gracefully and returns once it has exited.
 	Stop(ctx context.Context, n Node) error

@@ -73,15 +73,11 @@ func (e *Exec) Info(ctx context.Context) (Info, error) {
 }
 
 // Start implements Driver.
-func (e *Exec) Start(ctx context.Context, n Node, mode string) error {
-	var args []string
-	if mode != "" {
-		args = []string{"--mode", mode}
-	}
+func (e *Exec) Start(ctx context.Context, n Node, opts StartOptions) error {
 	var out struct {
 		PID int `json:"pid"`
 	}
-	return e.call(ctx, e.timeouts.Start, "start", &n, args, &out)
+	return e.call(ctx, e.timeouts.Start, "start", &n, opts.Args(), &out)
 }
 
 // Status implements Driver.

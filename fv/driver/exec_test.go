@@ -75,7 +75,7 @@ func TestExecDriver(t *testing.T) {
 		{
 			name:     "non-zero exit keeps the driver's error and stderr",
 			body:     `echo 'agent binary missing' >&2; echo '{"error":"cannot start","detail":"no /usr/bin/agent"}'; exit 3`,
-			call:     func(d *Exec) error { return d.Start(context.Background(), n, "") },
+			call:     func(d *Exec) error { return d.Start(context.Background(), n, StartOptions{}) },
 			wantKind: "exit",
 			wantText: []string{"cannot start", "no /usr/bin/agent", "agent binary missing", "exit status 3", "start on node-a"},
 		},

@@ -60,7 +60,7 @@ func (w *World) StartAll(ctx context.Context) error {
 // Start asks the driver to start the agent on n, recording start-sent.
 func (w *World) Start(ctx context.Context, n topologies.Node) error {
 	w.Timeline.Record(timeline.StartSent, n.Name())
-	return w.Driver.Start(ctx, NodeEnv(n), "")
+	return w.Driver.Start(ctx, NodeEnv(n), driver.StartOptions{})
 }
 
 // Stop stops the agent on n gracefully, recording stop-sent and exited.

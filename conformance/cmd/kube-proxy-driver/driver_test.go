@@ -344,10 +344,10 @@ var _ = Describe("kube-proxy through its driver", func() {
 				if mode == kubeproxy.NFTables {
 					other = kubeproxy.IPTables
 				}
-				err := w.Driver.Start(ctx, harness.NodeEnv(nodeA), string(other))
+				err := w.Driver.Start(ctx, harness.NodeEnv(nodeA), driver.StartOptions{Mode: string(other)})
 				Expect(err).To(MatchError(And(ContainSubstring("already running"), ContainSubstring("in "+string(mode)+" mode"))))
 				// The same mode is a no-op.
-				Expect(w.Driver.Start(ctx, harness.NodeEnv(nodeA), string(mode))).To(Succeed())
+				Expect(w.Driver.Start(ctx, harness.NodeEnv(nodeA), driver.StartOptions{Mode: string(mode)})).To(Succeed())
 			}, SpecTimeout(time.Minute))
 
 			It("keeps serving while stopped, its rules left in place", func(ctx SpecContext) {
