@@ -22,6 +22,17 @@ var forbidden = map[string][]string{
 	"bpf":         {"conformance", "fv", "topologies", "reference"},
 }
 
+// contract are the packages of fv that a vendor's Go driver imports: the driver
+// contract and its skeleton. The reference's driver is one such driver, so it may
+// import them, and nothing else of fv. For that to keep the reference free of the
+// suite, they import nothing of the project but each other and internal/ packages,
+// and those only if they are themselves free of the rest (their dependencies are
+// checked with the contract's, since Deps is transitive).
+var contract = map[string]bool{
+	module + "fv/driver":      true,
+	module + "fv/driver/skel": true,
+}
+
 func tree(pkg string) string {
 	rest := strings.TrimPrefix(pkg, module)
 	top, _, _ := strings.Cut(rest, "/")
@@ -36,7 +47,7 @@ func TestLayering(t *testing.T) {
 		t.Fatalf("go list: %v", err)
 	}
 	dec := json.NewDecoder(strings.NewReader(string(out)))
-	checked := 0
+	checked, contracts := 0, 0
 	for {
 		var p struct {
 			ImportPath string
@@ -49,8 +60,17 @@ func TestLayering(t *testing.T) {
 		}
 		bans := forbidden[tree(p.ImportPath)]
 		checked++
+		if contract[p.ImportPath] {
+			contracts++
+		}
 		for _, d := range p.Deps {
 			if !strings.HasPrefix(d, module) {
+				continue
+			}
+			if contract[p.ImportPath] && !contract[d] && tree(d) != "internal" {
+				t.Errorf("%s imports %s: the driver contract may import only itself and internal/ packages, since every vendor's driver and the reference import it (ARCHITECTURE.md, Layering)", p.ImportPath, d)
+			}
+			if tree(p.ImportPath) == "reference" && contract[d] {
 				continue
 			}
 			for _, ban := range bans {
@@ -62,5 +82,8 @@ func TestLayering(t *testing.T) {
 	}
 	if checked < 10 {
 		t.Fatalf("only %d packages listed; the check would prove nothing", checked)
+	}
+	if contracts != len(contract) {
+		t.Fatalf("%d of the %d contract packages listed; is one renamed?", contracts, len(contract))
 	}
 }
