@@ -112,7 +112,10 @@ func Run(ctx context.Context, name string, funcs Funcs, args []string, lookupEnv
 		if !errors.As(err, &f) {
 			f = &Failure{Msg: "failed", Detail: err.Error()}
 		}
-		reply, _ = json.Marshal(map[string]string{"error": f.Msg, "detail": f.Detail})
+		reply, _ = json.Marshal(struct {
+			Error  string `json:"error"`
+			Detail string `json:"detail"`
+		}{f.Msg, f.Detail})
 		fmt.Fprintf(stdout, "%s\n", reply)
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 1
