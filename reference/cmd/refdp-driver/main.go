@@ -1,5 +1,7 @@
 // Command refdp-driver is the reference dataplane's driver: it implements the driver
-// contract (docs/driver.md) for refdp, one verb per call, JSON on stdout.
+// contract (docs/driver.md) for refdp, one verb per call, JSON on stdout. It is
+// written as a vendor's Go driver would be: its verbs on fv/driver/skel, which parses
+// the call, checks the node environment and writes the reply.
 //
 // Environment: DPC_NODE, DPC_NETNS, DPC_KUBECONFIG, DPC_STATE_DIR, DPC_TOPOLOGY as the
 // contract says; DPC_BPFFS (the node's bpffs, default /sys/fs/bpf); REFDP_BINARY (the
@@ -9,9 +11,9 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -23,7 +25,8 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
-	"github.com/dpconform/dpconform/internal/driverreply"
+	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/skel"
 	"github.com/dpconform/dpconform/internal/proc"
 	"github.com/dpconform/dpconform/reference/agent"
 	"github.com/dpconform/dpconform/reference/faults"
@@ -53,86 +56,62 @@ const cniConfig = `{
 }`
 
 func main() {
-	if len(os.Args) < 2 {
-		driverreply.Exit("refdp-driver", nil, driverreply.Fail("usage", "refdp-driver info|start|status|stop|kill|events|collect|cleanup"))
-	}
-	verb, args := os.Args[1], os.Args[2:]
-	var out any
-	var err error
-	switch verb {
-	case "info":
-		out = map[string]any{
-			"name":     "refdp",
-			"version":  version,
-			"profiles": []string{"Core"},
-			"features": []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP"},
-			"cni":      json.RawMessage(cniConfig),
-		}
-	case "start":
-		out, err = start(args)
-	case "status":
-		out, err = status()
-	case "stop":
-		out, err = stopAgent(syscall.SIGTERM, 30*time.Second)
-	case "kill":
-		out, err = stopAgent(syscall.SIGKILL, 10*time.Second)
-	case "events":
-		err = driverreply.Fail("unsupported", "refdp does not report policy verdicts (it does not claim the Observability profile)")
-	case "collect":
-		out, err = collect(args)
-	case "cleanup":
-		out, err = cleanup()
-	default:
-		err = driverreply.Fail("unknown verb", "%q; verbs: info start status stop kill events collect cleanup", verb)
-	}
-	driverreply.Exit("refdp-driver", out, err)
+	skel.Main("refdp-driver", skel.Funcs{
+		Info:  info,
+		Start: start,
+		Status: func(_ context.Context, n skel.Node) (driver.Status, error) {
+			return status(nodeEnv(n)), nil
+		},
+		Stop: func(_ context.Context, n skel.Node) error {
+			return nodeEnv(n).stopAgent(syscall.SIGTERM, 30*time.Second)
+		},
+		Kill: func(_ context.Context, n skel.Node) error {
+			return nodeEnv(n).stopAgent(syscall.SIGKILL, 10*time.Second)
+		},
+		// No Events: refdp reports no policy verdicts (it does not claim the
+		// Observability profile).
+		Collect: func(_ context.Context, n skel.Node, dir string) ([]string, error) {
+			return nodeEnv(n).collect(dir), nil
+		},
+		Cleanup: func(_ context.Context, n skel.Node) error { return nodeEnv(n).cleanup() },
+	})
 }
 
-// env is the node environment of one call.
+func info(context.Context) (driver.Info, error) {
+	return driver.Info{
+		Name:     "refdp",
+		Version:  version,
+		Profiles: []string{"Core"},
+		Features: []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP"},
+		CNI:      json.RawMessage(cniConfig),
+		// refdp has one mode, its default; a start may still name it.
+		Modes: []string{"ebpf"},
+	}, nil
+}
+
+// env is the node environment of one call, as skel checked it.
 type env struct {
-	node, netns, kubeconfig, stateDir, bpffs string
+	skel.Node
+	bpffs string // DPC_BPFFS, or the host's when the topology has none
 }
 
-func nodeEnv() (env, error) {
-	e := env{
-		node:       os.Getenv("DPC_NODE"),
-		netns:      os.Getenv("DPC_NETNS"),
-		kubeconfig: os.Getenv("DPC_KUBECONFIG"),
-		stateDir:   os.Getenv("DPC_STATE_DIR"),
-		bpffs:      os.Getenv("DPC_BPFFS"),
-	}
+func nodeEnv(n skel.Node) env {
+	e := env{Node: n, bpffs: n.BPFFS}
 	if e.bpffs == "" {
 		e.bpffs = "/sys/fs/bpf"
 	}
-	var missing []string
-	for k, v := range map[string]string{"DPC_NODE": e.node, "DPC_KUBECONFIG": e.kubeconfig, "DPC_STATE_DIR": e.stateDir} {
-		if v == "" {
-			missing = append(missing, k)
-		}
-	}
-	if len(missing) > 0 {
-		return e, driverreply.Fail("bad environment", "%s not set; the suite sets them per node (see docs/driver.md)", strings.Join(missing, ", "))
-	}
-	if st, err := os.Stat(e.stateDir); err != nil || !st.IsDir() {
-		return e, driverreply.Fail("bad environment", "DPC_STATE_DIR=%s is not a directory", e.stateDir)
-	}
-	if e.netns != "" {
-		if _, err := os.Stat(e.netns); err != nil {
-			return e, driverreply.Fail("bad environment", "DPC_NETNS=%s: %v", e.netns, err)
-		}
-	}
-	return e, nil
+	return e
 }
 
-func (e env) pidFile() string { return filepath.Join(e.stateDir, "refdp.pid") }
-func (e env) logFile() string { return filepath.Join(e.stateDir, "refdp.log") }
+func (e env) pidFile() string { return filepath.Join(e.StateDir, "refdp.pid") }
+func (e env) logFile() string { return filepath.Join(e.StateDir, "refdp.log") }
 
 // inNode runs fn in the node's network namespace (or here, when DPC_NETNS is empty).
 func (e env) inNode(fn func() error) error {
-	if e.netns == "" {
+	if e.NetNS == "" {
 		return fn()
 	}
-	return ns.WithNetNSPath(e.netns, func(ns.NetNS) error { return fn() })
+	return ns.WithNetNSPath(e.NetNS, func(ns.NetNS) error { return fn() })
 }
 
 func agentBinary() (string, error) {
@@ -145,7 +124,7 @@ func agentBinary() (string, error) {
 	}
 	p := filepath.Join(filepath.Dir(self), "refdp")
 	if _, err := os.Stat(p); err != nil {
-		return "", driverreply.Fail("missing binary", "%s not found; build it (`make build`) or set REFDP_BINARY", p)
+		return "", skel.Fail("missing binary", "%s not found; build it (`make build`) or set REFDP_BINARY", p)
 	}
 	return p, nil
 }
@@ -168,110 +147,83 @@ func (e env) agentPID() int {
 	return pid
 }
 
-func start(args []string) (any, error) {
-	fs := flag.NewFlagSet("start", flag.ContinueOnError)
-	mode := fs.String("mode", "", "refdp has one mode; any other is refused")
-	if err := fs.Parse(args); err != nil {
-		return nil, driverreply.Fail("bad arguments", "%v", err)
-	}
-	if *mode != "" && *mode != "ebpf" {
-		return nil, driverreply.Fail("bad arguments", "unknown mode %q; refdp has one mode, ebpf", *mode)
-	}
-	e, err := nodeEnv()
-	if err != nil {
-		return nil, err
-	}
+// start starts refdp on the node, or returns the PID of the one already running. Its
+// one mode is the default, so opts (which skel checked against info) change nothing.
+func start(_ context.Context, n skel.Node, _ driver.StartOptions) (int, error) {
+	e := nodeEnv(n)
 	if pid := e.agentPID(); pid != 0 {
-		return map[string]int{"pid": pid}, nil
+		return pid, nil
 	}
 	bin, err := agentBinary()
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	fl, err := faults.Parse([]string{os.Getenv("DPC_REFDP_FAULTS")})
 	if err != nil {
-		return nil, driverreply.Fail("bad environment", "DPC_REFDP_FAULTS: %v", err)
+		return 0, skel.Fail("bad environment", "DPC_REFDP_FAULTS: %w", err)
 	}
-	argv := []string{"run", "--node", e.node, "--kubeconfig", e.kubeconfig, "--bpffs", e.bpffs, "--state-dir", e.stateDir}
+	argv := []string{"run", "--node", e.Name, "--kubeconfig", e.Kubeconfig, "--bpffs", e.bpffs, "--state-dir", e.StateDir}
 	for _, f := range fl.Names() {
 		argv = append(argv, "--fault", f)
 	}
 	log, err := os.OpenFile(e.logFile(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	defer log.Close()
 	fmt.Fprintf(log, "---- refdp-driver start %s: %s %s\n", time.Now().Format(time.RFC3339Nano), bin, strings.Join(argv, " "))
 	// A stale status file must not make the new agent look ready.
-	os.Remove(filepath.Join(e.stateDir, agent.StatusFile))
+	os.Remove(filepath.Join(e.StateDir, agent.StatusFile))
 	cmd := exec.Command(bin, argv...)
 	cmd.Stdout, cmd.Stderr = log, log
 	// Its own session: the agent outlives this call and the suite's signals.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := e.inNode(cmd.Start); err != nil {
-		return nil, driverreply.Fail("start failed", "%s: %v", bin, err)
+		return 0, skel.Fail("start failed", "%s: %w", bin, err)
 	}
 	pid := cmd.Process.Pid
 	if err := os.WriteFile(e.pidFile(), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		return nil, err
+		return 0, err
 	}
 	cmd.Process.Release()
-	return map[string]int{"pid": pid}, nil
+	return pid, nil
 }
 
-func status() (any, error) {
-	e, err := nodeEnv()
-	if err != nil {
-		return nil, err
-	}
+func status(e env) driver.Status {
 	pid := e.agentPID()
 	ready := false
 	if pid != 0 {
-		if st, err := agent.ReadStatus(e.stateDir); err == nil && st.PID == pid {
+		if st, err := agent.ReadStatus(e.StateDir); err == nil && st.PID == pid {
 			ready = st.Ready
 		}
 	}
-	return map[string]bool{"running": pid != 0, "ready": ready}, nil
+	return driver.Status{Running: pid != 0, Ready: ready}
 }
 
-func stopAgent(sig syscall.Signal, wait time.Duration) (any, error) {
-	e, err := nodeEnv()
-	if err != nil {
-		return nil, err
-	}
+func (e env) stopAgent(sig syscall.Signal, wait time.Duration) error {
 	pid := e.agentPID()
 	if pid == 0 {
-		return struct{}{}, nil
+		return nil
 	}
 	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return nil, driverreply.Fail("signal failed", "%s to refdp (pid %d): %v", sig, pid, err)
+		return skel.Fail("signal failed", "%s to refdp (pid %d): %w", sig, pid, err)
 	}
 	deadline := time.Now().Add(wait)
 	for proc.Alive(pid) {
 		if time.Now().After(deadline) {
-			return nil, driverreply.Fail("agent did not exit", "refdp (pid %d) still runs %s after %s; see %s", pid, wait, sig, e.logFile())
+			return skel.Fail("agent did not exit", "refdp (pid %d) still runs %s after %s; see %s", pid, wait, sig, e.logFile())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	return struct{}{}, nil
+	return nil
 }
 
-func collect(args []string) (any, error) {
-	fs := flag.NewFlagSet("collect", flag.ContinueOnError)
-	dir := fs.String("dir", "", "directory to write diagnostics into")
-	if err := fs.Parse(args); err != nil || *dir == "" {
-		return nil, driverreply.Fail("bad arguments", "collect needs --dir DIR")
-	}
-	e, err := nodeEnv()
-	if err != nil {
-		return nil, err
-	}
-	if err := os.MkdirAll(*dir, 0o755); err != nil {
-		return nil, err
-	}
+// collect saves what it can into dir (skel created it): a diagnostic that fails is
+// saved as its output, not a failure of the verb.
+func (e env) collect(dir string) []string {
 	var files []string
 	save := func(name string, data []byte) {
-		p := filepath.Join(*dir, name)
+		p := filepath.Join(dir, name)
 		if os.WriteFile(p, data, 0o644) == nil {
 			files = append(files, p)
 		}
@@ -297,20 +249,16 @@ func collect(args []string) (any, error) {
 		})
 		save(c.name, out)
 	}
-	return map[string][]string{"files": files}, nil
+	return files
 }
 
-func cleanup() (any, error) {
-	e, err := nodeEnv()
-	if err != nil {
-		return nil, err
-	}
-	if _, err := stopAgent(syscall.SIGKILL, 10*time.Second); err != nil {
-		return nil, err
+func (e env) cleanup() error {
+	if err := e.stopAgent(syscall.SIGKILL, 10*time.Second); err != nil {
+		return err
 	}
 	bin, err := agentBinary()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	var out []byte
 	err = e.inNode(func() error {
@@ -319,10 +267,10 @@ func cleanup() (any, error) {
 		return err
 	})
 	if err != nil {
-		return nil, driverreply.Fail("cleanup failed", "refdp cleanup: %v: %s", err, bytes.TrimSpace(out))
+		return skel.Fail("cleanup failed", "refdp cleanup: %w: %s", err, bytes.TrimSpace(out))
 	}
-	for _, f := range []string{e.pidFile(), filepath.Join(e.stateDir, agent.StatusFile)} {
+	for _, f := range []string{e.pidFile(), filepath.Join(e.StateDir, agent.StatusFile)} {
 		os.Remove(f)
 	}
-	return struct{}{}, nil
+	return nil
 }

@@ -36,7 +36,7 @@ func TestBadInput(t *testing.T) {
 		{"missing environment", []string{"status"}, []string{"DPC_NODE=node-a"}, []string{"DPC_KUBECONFIG", "DPC_STATE_DIR", "not set"}},
 		{"state dir not a directory", []string{"status"}, []string{"DPC_NODE=n", "DPC_KUBECONFIG=k", "DPC_STATE_DIR=" + notDir}, []string{"DPC_STATE_DIR", "not a directory"}},
 		{"missing netns", []string{"status"}, append(good, "DPC_NETNS=/nonexistent/netns"), []string{"DPC_NETNS=/nonexistent/netns"}},
-		{"unknown mode", []string{"start", "--mode", "iptables"}, good, []string{"unknown mode", "iptables"}},
+		{"unknown mode", []string{"start", "--mode", "iptables"}, good, []string{"not offered", `mode "iptables"`, "modes: ebpf"}},
 		{"unknown fault", []string{"start"}, append(good, "DPC_REFDP_FAULTS=no-such-fault", "REFDP_BINARY=/bin/true"), []string{"DPC_REFDP_FAULTS", "no-such-fault", "known faults"}},
 		{"agent binary missing", []string{"start"}, good, []string{"refdp", "make build", "REFDP_BINARY"}},
 		{"collect without a directory", []string{"collect"}, good, []string{"--dir"}},
