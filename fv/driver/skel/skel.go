@@ -255,7 +255,7 @@ type flags struct {
 var usage = map[string]string{
 	"start":   "start [--mode M] [--version V] [--set key=value]...",
 	"events":  "events [--cursor C]",
-	"collect": "collect --dir D",
+	"collect": "collect --dir DIR",
 }
 
 func parseFlags(verb string, args []string) (flags, error) {

@@ -143,7 +143,7 @@ func TestRun(t *testing.T) {
 		{name: "a setting without a value", args: []string{"start", "--set", "mtu"}, env: good, want: "bad arguments", wantDetail: []string{`"mtu" is not key=value`}},
 		{name: "a setting twice", args: []string{"start", "--set", "mtu=1", "--set", "mtu=2"}, env: good, want: "bad arguments", wantDetail: []string{`"mtu" set twice`}},
 		{name: "arguments to a verb that takes none", args: []string{"status", "--verbose"}, env: good, want: "bad arguments", wantDetail: []string{`unexpected arguments ["--verbose"]`, "usage: status"}},
-		{name: "collect without a directory", args: []string{"collect"}, env: good, want: "bad arguments", wantDetail: []string{"collect needs --dir", "usage: collect --dir D"}},
+		{name: "collect without a directory", args: []string{"collect"}, env: good, want: "bad arguments", wantDetail: []string{"collect needs --dir", "usage: collect --dir DIR"}},
 		{name: "a mode not offered", args: []string{"start", "--mode", "m3"}, env: good, want: "not offered",
 			wantDetail: []string{`testdp does not offer mode "m3" (modes: m1, m2)`}, wantCalls: []string{"info"}},
 		{name: "everything not offered is named", args: []string{"start", "--version", "v2", "--set", "x=1"}, env: good, want: "not offered",
