@@ -110,7 +110,7 @@ var _ = Describe("the driver's arguments and environment", func() {
 		Entry("a state directory that is not one", func() []string { return with(good, "DPC_STATE_DIR=/nonexistent/state") }, []string{"status"}, "bad environment", "DPC_STATE_DIR=/nonexistent/state is not a directory"),
 		Entry("a network namespace that is gone", func() []string { return with(good, "DPC_NETNS=/run/netns/nonexistent") }, []string{"stop"}, "bad environment", "DPC_NETNS=/run/netns/nonexistent"),
 		Entry("no kube-proxy binary", func() []string { return with(good, "DPC_KUBE_PROXY=/nonexistent/kube-proxy") }, []string{"start"}, "missing binary", "/nonexistent/kube-proxy", "make control-plane", "DPC_KUBE_PROXY"),
-		Entry("an unknown --mode", func() []string { return good }, []string{"start", "--mode", "ipvs"}, "bad arguments", `--mode: unknown kube-proxy mode "ipvs"`, "iptables or nftables"),
+		Entry("an unknown --mode", func() []string { return good }, []string{"start", "--mode", "ipvs"}, "not offered", `kube-proxy does not offer mode "ipvs"`, "modes: iptables, nftables"),
 		Entry("an unknown DPC_KUBE_PROXY_MODE", func() []string { return with(good, "DPC_KUBE_PROXY_MODE=userspace") }, []string{"start"}, "bad arguments", `DPC_KUBE_PROXY_MODE: unknown kube-proxy mode "userspace"`),
 		Entry("stray arguments", func() []string { return good }, []string{"status", "--verbose"}, "bad arguments", "--verbose"),
 		Entry("collect without --dir", func() []string { return good }, []string{"collect"}, "bad arguments", "collect --dir DIR"),

@@ -1,9 +1,9 @@
 // Command kube-proxy-driver makes the real kube-proxy an implementation under test: a
 // Services-only dataplane (ClusterIP, NodePort) in iptables or nftables mode, driven
 // through the driver contract (docs/driver.md) like any vendor's dataplane, one verb per
-// call, JSON on stdout. It runs kube-proxy through the kube-proxy fixture (fv/kubeproxy)
-// and supports netns topologies only: on kind, kube-proxy is the cluster's own
-// DaemonSet.
+// call, JSON on stdout, its verbs written on fv/driver/skel. It runs kube-proxy through
+// the kube-proxy fixture (fv/kubeproxy) and supports netns topologies only: on kind,
+// kube-proxy is the cluster's own DaemonSet.
 //
 // Environment: DPC_NODE, DPC_NETNS, DPC_KUBECONFIG, DPC_STATE_DIR, DPC_TOPOLOGY as the
 // contract says; DPC_KUBE_PROXY (the kube-proxy binary; default the one `make
@@ -15,15 +15,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"os"
 	"os/exec"
 	"regexp"
-	"strings"
 	"time"
 
+	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/skel"
 	"github.com/dpconform/dpconform/fv/kubeproxy"
-	"github.com/dpconform/dpconform/internal/driverreply"
 	"github.com/dpconform/dpconform/topologies/controlplane"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
@@ -43,73 +42,77 @@ const (
 	cleanupWait = 45 * time.Second
 )
 
-const verbs = "info start status stop kill events collect cleanup"
-
 func main() {
-	if len(os.Args) < 2 {
-		driverreply.Exit("kube-proxy-driver", nil, driverreply.Fail("usage", "kube-proxy-driver VERB [args]; verbs: %s", verbs))
-	}
-	out, err := run(os.Args[1], os.Args[2:])
-	driverreply.Exit("kube-proxy-driver", out, err)
-}
-
-func run(verb string, args []string) (any, error) {
-	ctx := context.Background()
-	switch verb {
-	case "info":
-		return info(), nil
-	case "start":
-		return start(ctx, args)
-	case "status":
-		return withFixture(args, func(f *kubeproxy.Fixture) (any, error) {
+	skel.Main("kube-proxy-driver", skel.Funcs{
+		Info:  info,
+		Start: start,
+		Status: func(ctx context.Context, n skel.Node) (driver.Status, error) {
+			f, err := fixture(n, "")
+			if err != nil {
+				return driver.Status{}, err
+			}
 			ctx, cancel := context.WithTimeout(ctx, statusWait)
 			defer cancel()
 			st := f.Status(ctx)
-			return map[string]bool{"running": st.Running(), "ready": st.Ready()}, nil
-		})
-	case "stop":
-		return withFixture(args, func(f *kubeproxy.Fixture) (any, error) {
+			return driver.Status{Running: st.Running(), Ready: st.Ready()}, nil
+		},
+		Stop: func(ctx context.Context, n skel.Node) error {
+			f, err := fixture(n, "")
+			if err != nil {
+				return err
+			}
 			ctx, cancel := context.WithTimeout(ctx, stopWait)
 			defer cancel()
 			if err := f.Stop(ctx); err != nil {
-				return nil, driverreply.Fail("agent did not exit", "%v", err)
+				return skel.Fail("agent did not exit", "%w", err)
 			}
-			return struct{}{}, nil
-		})
-	case "kill":
-		return withFixture(args, func(f *kubeproxy.Fixture) (any, error) {
+			return nil
+		},
+		Kill: func(ctx context.Context, n skel.Node) error {
+			f, err := fixture(n, "")
+			if err != nil {
+				return err
+			}
 			ctx, cancel := context.WithTimeout(ctx, killWait)
 			defer cancel()
 			if err := f.Kill(ctx); err != nil {
-				return nil, driverreply.Fail("agent did not exit", "%v", err)
+				return skel.Fail("agent did not exit", "%w", err)
 			}
-			return struct{}{}, nil
-		})
-	case "events":
-		return nil, driverreply.Fail("unsupported", "kube-proxy reports no policy verdicts (it implements Services only and does not claim the Observability profile)")
-	case "collect":
-		return collect(ctx, args)
-	case "cleanup":
-		return withFixture(args, func(f *kubeproxy.Fixture) (any, error) {
+			return nil
+		},
+		// No Events: kube-proxy reports no policy verdicts (it implements Services
+		// only and does not claim the Observability profile).
+		Collect: collect,
+		Cleanup: func(ctx context.Context, n skel.Node) error {
+			f, err := fixture(n, "")
+			if err != nil {
+				return err
+			}
 			ctx, cancel := context.WithTimeout(ctx, cleanupWait)
 			defer cancel()
 			if err := f.Cleanup(ctx); err != nil {
-				return nil, driverreply.Fail("cleanup failed", "%v", err)
+				return skel.Fail("cleanup failed", "%w", err)
 			}
-			return struct{}{}, nil
-		})
-	}
-	return nil, driverreply.Fail("unknown verb", "%q; verbs: %s", verb, verbs)
+			return nil
+		},
+		RequireNetNS: true,
+		CheckNode:    checkTopology,
+	})
 }
 
-func info() any {
-	return map[string]any{
-		"name":     "kube-proxy",
-		"version":  kubeProxyVersion(),
-		"profiles": []string{"Core"},
-		"features": features,
-		"cni":      json.RawMessage(netns.DefaultCNIConfig),
+func info(context.Context) (driver.Info, error) {
+	modes := make([]string, len(kubeproxy.Modes))
+	for i, m := range kubeproxy.Modes {
+		modes[i] = string(m)
 	}
+	return driver.Info{
+		Name:     "kube-proxy",
+		Version:  kubeProxyVersion(),
+		Profiles: []string{"Core"},
+		Features: features,
+		CNI:      json.RawMessage(netns.DefaultCNIConfig),
+		Modes:    modes,
+	}, nil
 }
 
 var versionPattern = regexp.MustCompile(`\bv\d+\.\d+\.\d+\S*`)
@@ -131,109 +134,72 @@ func kubeProxyVersion() string {
 	return controlplane.KubernetesVersion
 }
 
-// nodeEnv builds the fixture for the node of this call from the contract's environment.
-func nodeEnv(mode kubeproxy.Mode) (*kubeproxy.Fixture, error) {
-	get := os.Getenv
-	var missing []string
-	for _, k := range []string{"DPC_NODE", "DPC_NETNS", "DPC_KUBECONFIG", "DPC_STATE_DIR"} {
-		if get(k) == "" {
-			missing = append(missing, k)
-		}
+// checkTopology refuses a kind topology before skel asks for the DPC_NETNS that kind
+// never sets: the reason to give is the topology, not the variable.
+func checkTopology(n skel.Node) error {
+	if n.Topology != "" && n.Topology != "netns" {
+		return skel.Fail("unsupported topology", "DPC_TOPOLOGY=%s: this driver runs kube-proxy inside a node's network namespace (DPC_TOPOLOGY=netns); on kind, use the cluster's own kube-proxy DaemonSet", n.Topology)
 	}
-	if topo := get("DPC_TOPOLOGY"); topo != "" && topo != "netns" {
-		return nil, driverreply.Fail("unsupported topology", "DPC_TOPOLOGY=%s: this driver runs kube-proxy inside a node's network namespace (DPC_TOPOLOGY=netns); on kind, use the cluster's own kube-proxy DaemonSet", topo)
-	}
-	if len(missing) > 0 {
-		return nil, driverreply.Fail("bad environment", "%s not set; the suite sets them per node (see docs/driver.md); this driver needs a netns topology (DPC_NETNS)", strings.Join(missing, ", "))
-	}
-	if st, err := os.Stat(get("DPC_STATE_DIR")); err != nil || !st.IsDir() {
-		return nil, driverreply.Fail("bad environment", "DPC_STATE_DIR=%s is not a directory", get("DPC_STATE_DIR"))
-	}
-	if _, err := os.Stat(get("DPC_NETNS")); err != nil {
-		return nil, driverreply.Fail("bad environment", "DPC_NETNS=%s: %v (is the topology still up?)", get("DPC_NETNS"), err)
-	}
-	if _, err := os.Stat(get("DPC_KUBECONFIG")); err != nil {
-		return nil, driverreply.Fail("bad environment", "DPC_KUBECONFIG=%s: %v", get("DPC_KUBECONFIG"), err)
+	return nil
+}
+
+// fixture builds the kube-proxy fixture for the node of this call; skel has checked
+// the contract's environment.
+func fixture(n skel.Node, mode kubeproxy.Mode) (*kubeproxy.Fixture, error) {
+	if _, err := os.Stat(n.Kubeconfig); err != nil {
+		return nil, skel.Fail("bad environment", "DPC_KUBECONFIG=%s: %w", n.Kubeconfig, err)
 	}
 	bins, _ := controlplane.FindBinaries() // only kube-proxy matters here
 	if err := bins.HasKubeProxy(); err != nil {
-		return nil, driverreply.Fail("missing binary", "kube-proxy: %v", err)
+		return nil, skel.Fail("missing binary", "kube-proxy: %w", err)
 	}
 	// kube-proxy inherits this environment, DPC_RUN included: the topology's cleanup
 	// finds a kube-proxy that outlived its run by it.
 	return &kubeproxy.Fixture{
 		Binary: bins.KubeProxy,
-		NetNS:  get("DPC_NETNS"),
-		Dir:    get("DPC_STATE_DIR"),
-		Config: kubeproxy.Config{NodeName: get("DPC_NODE"), Kubeconfig: get("DPC_KUBECONFIG"), Mode: mode},
+		NetNS:  n.NetNS,
+		Dir:    n.StateDir,
+		Config: kubeproxy.Config{NodeName: n.Name, Kubeconfig: n.Kubeconfig, Mode: mode},
 	}, nil
 }
 
-// withFixture runs a verb that takes no arguments on the node's fixture.
-func withFixture(args []string, fn func(*kubeproxy.Fixture) (any, error)) (any, error) {
-	if len(args) > 0 {
-		return nil, driverreply.Fail("bad arguments", "unexpected arguments %q", args)
-	}
-	f, err := nodeEnv("")
-	if err != nil {
-		return nil, err
-	}
-	return fn(f)
-}
-
-func start(ctx context.Context, args []string) (any, error) {
-	fs := flag.NewFlagSet("start", flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
-	modeFlag := fs.String("mode", "", "proxy mode: iptables or nftables (default $"+EnvMode+", else iptables)")
-	if err := fs.Parse(args); err != nil {
-		return nil, driverreply.Fail("bad arguments", "%v; usage: start [--mode iptables|nftables]", err)
-	}
-	if fs.NArg() > 0 {
-		return nil, driverreply.Fail("bad arguments", "unexpected arguments %q; usage: start [--mode iptables|nftables]", fs.Args())
-	}
-	name, from := *modeFlag, "--mode"
+// start starts kube-proxy in opts.Mode (skel checked it is one info offers), else in
+// the mode of $DPC_KUBE_PROXY_MODE, else iptables.
+func start(ctx context.Context, n skel.Node, opts driver.StartOptions) (int, error) {
+	name, from := opts.Mode, "--mode"
 	if name == "" {
 		name, from = os.Getenv(EnvMode), EnvMode
 	}
 	mode, err := kubeproxy.ParseMode(name)
 	if err != nil {
-		return nil, driverreply.Fail("bad arguments", "%s: %v", from, err)
+		return 0, skel.Fail("bad arguments", "%s: %w", from, err)
 	}
-	f, err := nodeEnv(mode)
+	f, err := fixture(n, mode)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	pid, err := f.Start(ctx)
 	if errors.Is(err, kubeproxy.ErrRunning) {
-		return nil, driverreply.Fail("already running", "%v", err)
+		return 0, skel.Fail("already running", "%w", err)
 	}
 	if err != nil {
-		return nil, driverreply.Fail("start failed", "%v", err)
+		return 0, skel.Fail("start failed", "%w", err)
 	}
-	return map[string]int{"pid": pid}, nil
+	return pid, nil
 }
 
-func collect(ctx context.Context, args []string) (any, error) {
-	fs := flag.NewFlagSet("collect", flag.ContinueOnError)
-	fs.SetOutput(os.Stderr)
-	dir := fs.String("dir", "", "directory to write diagnostics into")
-	if err := fs.Parse(args); err != nil || *dir == "" || fs.NArg() > 0 {
-		return nil, driverreply.Fail("bad arguments", "usage: collect --dir DIR")
-	}
-	f, err := nodeEnv("")
+func collect(ctx context.Context, n skel.Node, dir string) ([]string, error) {
+	f, err := fixture(n, "")
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, collectWait)
 	defer cancel()
-	files, err := f.Diagnostics(ctx, *dir)
+	files, err := f.Diagnostics(ctx, dir)
 	if err != nil && len(files) == 0 {
-		return nil, driverreply.Fail("collect failed", "%v", err)
+		return nil, skel.Fail("collect failed", "%w", err)
 	}
-	if files == nil {
-		files = []string{}
-	}
-	return map[string][]string{"files": files}, nil
+	return files, nil
 }
