@@ -26,10 +26,16 @@ import (
 )
 
 // roleArg marks a re-execution of this test binary in a helper role; TestMain runs the
-// role instead of the tests.
+// role instead of the tests. Invoked as a CNI plugin, it runs the plugin instead.
 const roleArg = "__dpc_netns_role"
 
 func TestMain(m *testing.M) {
+	// The runtime runs plugins with no arguments of ours, so a plugin is told by its
+	// name (see cniplugin_test.go).
+	if isCNIPlugin() {
+		annotatePodMain()
+		os.Exit(0)
+	}
 	if len(os.Args) > 2 && os.Args[1] == roleArg {
 		os.Exit(runRole(os.Args[2], os.Args[3:]))
 	}

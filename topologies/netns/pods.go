@@ -3,6 +3,7 @@ package netns
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
@@ -19,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/dpconform/dpconform/topologies"
@@ -48,8 +50,11 @@ const DefaultCNIConfig = `{
 const loopbackConfig = `{"cniVersion": "1.0.0", "name": "loopback", "type": "loopback"}`
 
 // ExpandCNIConfig substitutes the variables a network configuration may use, per node:
-// ${POD_CIDR}, ${NODE_NAME}, ${NODE_IP} and ${CNI_DATA_DIR} (a directory private to the
-// node and run, for IPAM state). Any other ${...} is an error, so that a typo in an
+// ${POD_CIDR}, ${NODE_NAME}, ${NODE_IP}, ${CNI_DATA_DIR} (a directory private to the
+// node and run, for IPAM state), ${KUBECONFIG} (a kubeconfig that works from inside the
+// node, DPC_KUBECONFIG) and ${STATE_DIR} (the node's state directory, DPC_STATE_DIR):
+// real plugins such as Calico's and Cilium's find the API server and their agent's
+// state through the last two. Any other ${...} is an error, so that a typo in an
 // implementation's configuration is reported rather than passed to a plugin.
 func ExpandCNIConfig(conf []byte, vars map[string]string) ([]byte, error) {
 	var unknown []string
@@ -61,7 +66,7 @@ func ExpandCNIConfig(conf []byte, vars map[string]string) ([]byte, error) {
 		return v
 	})
 	if len(unknown) > 0 {
-		return nil, fmt.Errorf("CNI configuration uses unknown variables %s; known: ${POD_CIDR}, ${NODE_NAME}, ${NODE_IP}, ${CNI_DATA_DIR}", strings.Join(unknown, ", "))
+		return nil, fmt.Errorf("CNI configuration uses unknown variables %s; known: ${POD_CIDR}, ${NODE_NAME}, ${NODE_IP}, ${CNI_DATA_DIR}, ${KUBECONFIG}, ${STATE_DIR}", strings.Join(unknown, ", "))
 	}
 	return []byte(out), nil
 }
@@ -110,6 +115,8 @@ func (t *Topology) cniFor(n *node) (*libcni.CNIConfig, *libcni.NetworkConfigList
 		"NODE_NAME":    n.name,
 		"NODE_IP":      n.ip.String(),
 		"CNI_DATA_DIR": dataDir,
+		"KUBECONFIG":   t.Kubeconfig(),
+		"STATE_DIR":    n.stateDir,
 	})
 	if err != nil {
 		return nil, nil, nil, err
@@ -229,11 +236,31 @@ func (t *Topology) AddPod(ctx context.Context, spec topologies.PodSpec) (_ topol
 	if !p.ip.IsValid() {
 		return nil, fmt.Errorf("CNI ADD for pod %s returned no IPv4 address: %+v", p.key(), r.IPs)
 	}
-	setRunning(obj, p.ip, n.ip, !spec.NotReady)
-	if _, err := t.Kube().CoreV1().Pods(p.namespace).UpdateStatus(ctx, obj, metav1.UpdateOptions{}); err != nil {
+	if err := t.writeRunning(ctx, obj, p.ip, n.ip, !spec.NotReady); err != nil {
 		return nil, fmt.Errorf("write status of Pod %s: %w", p.key(), err)
 	}
 	return p, nil
+}
+
+// writeRunning writes the status setRunning builds as a strategic-merge patch of the
+// status subresource, as a kubelet does (statusutil.PatchPodStatus). A CNI plugin may
+// write the Pod during ADD (Calico annotates it with its IPs), so obj's resourceVersion
+// is stale by now; a patch carries none, so it needs neither a fresh Get nor a retry
+// loop, and it leaves alone what others wrote (metadata, status fields the API server
+// set). The UID in the patch is a precondition, so a Pod deleted and recreated under
+// the same name meanwhile is not written.
+func (t *Topology) writeRunning(ctx context.Context, obj *corev1.Pod, ip, hostIP netip.Addr, ready bool) error {
+	obj = obj.DeepCopy()
+	setRunning(obj, ip, hostIP, ready)
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"uid": obj.UID},
+		"status":   obj.Status,
+	})
+	if err != nil {
+		return fmt.Errorf("encode status patch: %w", err)
+	}
+	_, err = t.Kube().CoreV1().Pods(obj.Namespace).Patch(ctx, obj.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{}, "status")
+	return err
 }
 
 // RemovePod implements topologies.Topology.
