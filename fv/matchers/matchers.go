@@ -73,7 +73,9 @@ const (
 	KindNotAlive     Kind = "not-alive"     // a stream that should be alive is dead
 	KindHang         Kind = "hang"          // a stream that should have ended is still silent
 	KindDelivered    Kind = "delivered"     // traffic that must be denied got through
+	KindVerdict      Kind = "verdict"       // a policy verdict that must not be reported was
 	KindLost         Kind = "lost"          // traffic that must be delivered was not
+	KindUnserved     Kind = "unserved"      // a backend that should answer answered nothing
 	KindPrecondition Kind = "precondition"  // what the invariant needs never happened
 )
 
@@ -110,6 +112,7 @@ type options struct {
 	onBackends []string
 	backends   []string
 	to         []string
+	flows      [][2]string // src, dst of policy verdicts
 	allow      int
 	maxBlind   time.Duration
 	within     time.Duration

@@ -142,7 +142,7 @@ type check struct {
 	pass      bool
 	verdict   matchers.Verdict
 	kind      matchers.Kind // of a violation; checked when set
-	contains  []string // in the failure message, or in the error for instrument verdicts
+	contains  []string      // in the failure message, or in the error for instrument verdicts
 	figure    string
 	figureVal float64
 }
@@ -512,4 +512,64 @@ func TestWithDefaults(t *testing.T) {
 	ok, err := own.Match(w)
 	g.Expect(err).NotTo(HaveOccurred(), "the matcher's own MaxBlind wins over the default")
 	g.Expect(ok).To(BeTrue())
+}
+
+func TestHaveStreamsOn(t *testing.T) {
+	run(t, []check{{
+		name:    "passes when every backend answers a stream",
+		build:   func(tl *timeline.Timeline) { streams(tl, "st", 3, nil, nil) },
+		matcher: func() matchers.Matcher { return matchers.HaveStreamsOn("pod-b") },
+		pass:    true, verdict: matchers.Pass, figure: "backends_without_streams", figureVal: 0,
+		contains: []string{"streams per backend: pod-b 3 of 3"},
+	}, {
+		name:    "fails when a backend answers none",
+		build:   func(tl *timeline.Timeline) { streams(tl, "st", 3, nil, nil) },
+		matcher: func() matchers.Matcher { return matchers.HaveStreamsOn("pod-b", "pod-c") },
+		verdict: matchers.Violation, kind: matchers.KindUnserved, figure: "backends_without_streams", figureVal: 1,
+		contains: []string{"no stream of 3 was answered by pod-c"},
+	}})
+}
+
+func TestHaveNoVerdicts(t *testing.T) {
+	verdicts := func(through float64, vs ...timeline.Verdict) func(*timeline.Timeline) {
+		return func(tl *timeline.Timeline) { tl.AddVerdicts("node-a", at(through), vs) }
+	}
+	deny := timeline.Verdict{Time: at(2300), Node: "node-a", Verdict: "deny", Src: "10.244.0.5", Dst: "10.244.0.7", Proto: "udp", Sport: 4000, Dport: 80, Reason: "no ipset entry"}
+	allow := deny
+	allow.Verdict, allow.Time = "allow", at(2400)
+	other := deny
+	other.Src = "10.244.0.9"
+	run(t, []check{{
+		name:    "passes when only allows are reported",
+		build:   verdicts(6000, allow),
+		matcher: func() matchers.Matcher { return matchers.HaveNoVerdicts("deny") },
+		pass:    true, verdict: matchers.Pass, figure: "deny_verdicts", figureVal: 0,
+	}, {
+		name:  "fails on a deny on the selected flow, with when it was",
+		build: verdicts(6000, allow, deny),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveNoVerdicts("deny", matchers.Between("10.244.0.5", "10.244.0.7"))
+		},
+		verdict: matchers.Violation, kind: matchers.KindVerdict, figure: "deny_verdicts", figureVal: 1,
+		contains: []string{"+100.0 ms after start-sent", "deny udp 10.244.0.5:4000 -> 10.244.0.7:80 on node-a (no ipset entry)"},
+	}, {
+		name:  "ignores denies on other flows",
+		build: verdicts(6000, other),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveNoVerdicts("deny", matchers.Between("10.244.0.5", "10.244.0.7"))
+		},
+		pass: true, verdict: matchers.Pass,
+	}, {
+		name:     "is an instrument error when no verdicts were polled",
+		build:    func(*timeline.Timeline) {},
+		matcher:  func() matchers.Matcher { return matchers.HaveNoVerdicts("deny") },
+		verdict:  matchers.Instrument,
+		contains: []string{"no policy verdicts were polled"},
+	}, {
+		name:     "is an instrument error when the polls stopped before the window end",
+		build:    verdicts(4000),
+		matcher:  func() matchers.Matcher { return matchers.HaveNoVerdicts("deny") },
+		verdict:  matchers.Instrument,
+		contains: []string{"reported only up to"},
+	}})
 }

@@ -39,9 +39,11 @@ type Transition struct {
 // use; events may arrive in any order (an attempt is reported when it ends but
 // stamped when it started) and are sorted when a Window is taken.
 type Timeline struct {
-	mu          sync.Mutex
-	events      []probe.Event
-	transitions []Transition
+	mu           sync.Mutex
+	events       []probe.Event
+	transitions  []Transition
+	verdicts     []Verdict
+	verdictMarks map[string]monotime.Time // node -> verdicts reported through
 }
 
 // New returns an empty Timeline.
@@ -88,9 +90,10 @@ func (tl *Timeline) Window(start, end monotime.Time) Window {
 	tl.mu.Lock()
 	events := append([]probe.Event(nil), tl.events...)
 	trans := sortedTransitions(tl.transitions)
+	verdicts, marks := tl.snapshotVerdicts()
 	tl.mu.Unlock()
 	sort.SliceStable(events, func(i, j int) bool { return events[i].Time < events[j].Time })
-	return Window{Start: start, End: end, Events: events, Transitions: trans}
+	return Window{Start: start, End: end, Events: events, Transitions: trans, Verdicts: verdicts, VerdictsReported: marks}
 }
 
 // ErrNoTransition is returned for a window that needs transition events the

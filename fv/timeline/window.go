@@ -19,6 +19,11 @@ type Window struct {
 	End         monotime.Time `json:"end"`
 	Events      []probe.Event `json:"events"`
 	Transitions []Transition  `json:"transitions"`
+	// Verdicts are the policy verdicts the implementation reported, and
+	// VerdictsReported says up to when each node's were polled (empty when no
+	// verdicts were polled).
+	Verdicts         []Verdict                `json:"verdicts,omitempty"`
+	VerdictsReported map[string]monotime.Time `json:"verdictsReported,omitempty"`
 }
 
 // Contains reports whether t is inside [Start, End].

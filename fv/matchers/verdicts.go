@@ -1,0 +1,71 @@
+package matchers
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+
+	"github.com/dpconform/dpconform/fv/timeline"
+)
+
+// Between restricts HaveNoVerdicts to verdicts on flows from src to dst (IP
+// addresses, as the implementation reports them); repeat it for several flows.
+func Between(src, dst string) Option {
+	return func(o *options) { o.flows = append(o.flows, [2]string{src, dst}) }
+}
+
+// HaveNoVerdicts succeeds when the implementation reported no policy verdict of the
+// given kind ("deny") inside the window, on the flows selected with Between (every
+// flow without it). It is the Observability profile's invariant: a flow that policy
+// allows must never be logged as denied, even for a moment. The verdicts must have
+// been polled past the window's end on every node, or the matcher returns an
+// ErrInstrument error. Options: Between.
+func HaveNoVerdicts(verdict string, opts ...Option) Matcher {
+	return newMatcher(fmt.Sprintf("no %q policy verdict", verdict), KindVerdict, opts, func(w timeline.Window, o options) (outcome, error) {
+		if len(w.VerdictsReported) == 0 {
+			return outcome{}, fmt.Errorf("no policy verdicts were polled: the scenario must poll them (conformance.Scenario.Verdicts)")
+		}
+		nodes := make([]string, 0, len(w.VerdictsReported))
+		for n := range w.VerdictsReported {
+			nodes = append(nodes, n)
+		}
+		sort.Strings(nodes)
+		for _, n := range nodes {
+			if t := w.VerdictsReported[n]; t < w.End {
+				return outcome{}, fmt.Errorf("the policy verdicts of %s were reported only up to %s, short of %s", n, w.Relative(t), w.Relative(w.End))
+			}
+		}
+		var found []timeline.Verdict
+		total := 0
+		for _, v := range w.VerdictsInside() {
+			if len(o.flows) > 0 && !slices.Contains(o.flows, [2]string{v.Src, v.Dst}) {
+				continue
+			}
+			total++
+			if v.Verdict == verdict {
+				found = append(found, v)
+			}
+		}
+		out := outcome{verdict: Pass, figures: []Figure{
+			{Name: verdict + "_verdicts", Value: float64(len(found)), Unit: "verdicts", Of: total, Budget: budget(0),
+				Text: fmt.Sprintf("%d %q of %d verdicts reported on the selected flows, from %s (budget 0)", len(found), verdict, total, strings.Join(nodes, ", "))},
+		}}
+		if len(found) == 0 {
+			return out, nil
+		}
+		out.verdict = Violation
+		out.first = fmt.Sprintf("%s: %s", w.Relative(found[0].Time), found[0])
+		var b strings.Builder
+		b.WriteString("Verdicts:\n")
+		for i, v := range found {
+			if i == 12 {
+				fmt.Fprintf(&b, "  ... and %d more\n", len(found)-12)
+				break
+			}
+			fmt.Fprintf(&b, "  %s: %s\n", w.Relative(v.Time), v)
+		}
+		out.detail = b.String()
+		return out, nil
+	})
+}
