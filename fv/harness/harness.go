@@ -5,19 +5,28 @@
 package harness
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/kubeproxy"
+	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
 	"github.com/dpconform/dpconform/topologies"
 )
+
+// ErrNotReady marks an agent that did not report ready within its budget, or stopped
+// running before it was: a verdict on the implementation, not an error of the run.
+var ErrNotReady = errors.New("not ready")
 
 // World is a topology with an implementation running on its nodes.
 type World struct {
@@ -28,11 +37,21 @@ type World struct {
 	Probe probe.Program
 	// ProbeStderr, if set, receives every probe's stderr.
 	ProbeStderr io.Writer
+	// StartOptions are what every Start passes to the driver (a mode, a version,
+	// settings); zero for the implementation's default.
+	StartOptions driver.StartOptions
+	// ReadyTimeout bounds each WaitReady (default DefaultReadyTimeout).
+	ReadyTimeout time.Duration
 
-	mu      sync.Mutex
-	probes  []*probe.Process // clients, stopped by StopProbes
-	servers []*probe.Process // servers, stopped by Cleanup
+	mu        sync.Mutex
+	probes    []*probe.Process // clients, stopped by StopProbes
+	servers   []*probe.Process // servers, stopped by Cleanup
+	retired   map[string]monotime.Time
+	kubeProxy map[string]*kubeproxy.Fixture // by node, while it holds the node
 }
+
+// DefaultReadyTimeout is how long WaitReady waits when World.ReadyTimeout is zero.
+const DefaultReadyTimeout = 60 * time.Second
 
 // New returns a World with an empty timeline.
 func New(topo topologies.Topology, drv driver.Driver, prog probe.Program) *World {
@@ -44,12 +63,17 @@ func NodeEnv(n topologies.Node) driver.Node { return driver.Node{Name: n.Name(),
 
 // StartAll starts the agent on every node and waits until all are ready.
 func (w *World) StartAll(ctx context.Context) error {
-	for _, n := range w.Topo.Nodes() {
+	return w.StartOn(ctx, w.Topo.Nodes())
+}
+
+// StartOn starts the agent on nodes and waits until all are ready.
+func (w *World) StartOn(ctx context.Context, nodes []topologies.Node) error {
+	for _, n := range nodes {
 		if err := w.Start(ctx, n); err != nil {
 			return err
 		}
 	}
-	for _, n := range w.Topo.Nodes() {
+	for _, n := range nodes {
 		if err := w.WaitReady(ctx, n); err != nil {
 			return err
 		}
@@ -57,10 +81,11 @@ func (w *World) StartAll(ctx context.Context) error {
 	return nil
 }
 
-// Start asks the driver to start the agent on n, recording start-sent.
+// Start asks the driver to start the agent on n with the World's StartOptions,
+// recording start-sent.
 func (w *World) Start(ctx context.Context, n topologies.Node) error {
 	w.Timeline.Record(timeline.StartSent, n.Name())
-	return w.Driver.Start(ctx, NodeEnv(n), driver.StartOptions{})
+	return w.Driver.Start(ctx, NodeEnv(n), w.StartOptions)
 }
 
 // Stop stops the agent on n gracefully, recording stop-sent and exited.
@@ -87,28 +112,47 @@ func (w *World) Kill(ctx context.Context, n topologies.Node) error {
 const ReadyPoll = 20 * time.Millisecond
 
 // WaitReady polls the driver's status until the agent on n is ready, then records
-// ready. It fails early if the agent stops running.
+// ready. An agent that is not ready within ReadyTimeout, or stops running before it
+// is, is an ErrNotReady. A status call that misses its own deadline (a loaded machine)
+// is asked again until the budget is spent; any other driver error ends the wait.
 func (w *World) WaitReady(ctx context.Context, n topologies.Node) error {
+	budget := cmp.Or(w.ReadyTimeout, DefaultReadyTimeout)
+	ctx, cancel := context.WithTimeout(ctx, budget)
+	defer cancel()
 	var last driver.Status
+	var lastErr error
 	sawRunning := false
 	for {
 		st, err := w.Driver.Status(ctx, NodeEnv(n))
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() == nil && driver.IsTimeout(err):
+			lastErr = err
+		case err != nil && ctx.Err() != nil && driver.IsTimeout(err) && lastErr != nil:
+			// Every call ran out of time: the driver does not answer.
+			return lastErr
+		case err != nil && ctx.Err() != nil:
+			// The wait ran out during a call.
+		case err != nil:
 			return err
-		}
-		last = st
-		if st.Ready {
-			w.Timeline.Record(timeline.Ready, n.Name())
-			return nil
-		}
-		if st.Running {
-			sawRunning = true
-		} else if sawRunning {
-			return fmt.Errorf("the agent on %s stopped running before it was ready", n.Name())
+		default:
+			lastErr = nil
+			last = st
+			if st.Ready {
+				w.Timeline.Record(timeline.Ready, n.Name())
+				return nil
+			}
+			if st.Running {
+				sawRunning = true
+			} else if sawRunning {
+				return fmt.Errorf("%w: the agent on %s stopped running before it was ready", ErrNotReady, n.Name())
+			}
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("the agent on %s is not ready (last status: running=%v ready=%v): %w", n.Name(), last.Running, last.Ready, ctx.Err())
+			if lastErr != nil {
+				return lastErr
+			}
+			return fmt.Errorf("%w: the agent on %s did not report ready within %s (last status: running=%v ready=%v)", ErrNotReady, n.Name(), budget, last.Running, last.Ready)
 		case <-time.After(ReadyPoll):
 		}
 	}
@@ -132,10 +176,75 @@ func (w *World) Restart(ctx context.Context, n topologies.Node, crash bool) erro
 	return w.WaitReady(ctx, n)
 }
 
-// StartProbe starts a probe on h whose events go to the timeline. StopProbes stops
-// client probes; servers (probe.Serve) keep running until Cleanup, across specs.
-func (w *World) StartProbe(ctx context.Context, h topologies.Host, cfg probe.Config) (*probe.Process, error) {
-	p, err := probe.Start(ctx, h, w.Probe, cfg, probe.Options{OnEvent: w.Timeline.Add, Stderr: w.ProbeStderr})
+// Names of the transition events of kube-proxy on a node that is switched over.
+const (
+	KubeProxyReady    = "kube-proxy-ready"
+	KubeProxyStopSent = "kube-proxy-stop-sent"
+	KubeProxyExited   = "kube-proxy-exited"
+)
+
+// StartKubeProxy runs the real kube-proxy (iptables mode) on n in place of the
+// implementation and waits until it has synced, recording kube-proxy-ready.
+func (w *World) StartKubeProxy(ctx context.Context, n topologies.Node) error {
+	f, err := kubeproxy.ForNode(n, kubeproxy.IPTables)
+	if err != nil {
+		return fmt.Errorf("kube-proxy on %s: %w", n.Name(), err)
+	}
+	w.mu.Lock()
+	if w.kubeProxy == nil {
+		w.kubeProxy = map[string]*kubeproxy.Fixture{}
+	}
+	w.kubeProxy[n.Name()] = f
+	w.mu.Unlock()
+	if _, err := f.Start(ctx); err != nil {
+		return fmt.Errorf("kube-proxy on %s: %w", n.Name(), err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, cmp.Or(w.ReadyTimeout, DefaultReadyTimeout))
+	defer cancel()
+	if err := f.WaitReady(rctx); err != nil {
+		return fmt.Errorf("kube-proxy on %s: %w", n.Name(), err)
+	}
+	w.Timeline.Record(KubeProxyReady, n.Name())
+	return nil
+}
+
+// Switch hands node n over from kube-proxy to the implementation, as a DaemonSet
+// rollout does: kube-proxy is stopped and leaves its rules and the Linux conntrack
+// table in place, then the implementation is started; Switch returns once it is
+// ready.
+func (w *World) Switch(ctx context.Context, n topologies.Node) error {
+	w.mu.Lock()
+	f := w.kubeProxy[n.Name()]
+	w.mu.Unlock()
+	if f == nil {
+		return fmt.Errorf("switch %s: kube-proxy does not run there (the spec's Setup must name the node in KubeProxy)", n.Name())
+	}
+	w.Timeline.Record(KubeProxyStopSent, n.Name())
+	if err := f.Stop(ctx); err != nil {
+		return fmt.Errorf("stop kube-proxy on %s: %w", n.Name(), err)
+	}
+	w.Timeline.Record(KubeProxyExited, n.Name())
+	if err := w.Start(ctx, n); err != nil {
+		return err
+	}
+	return w.WaitReady(ctx, n)
+}
+
+// StartProbe starts a probe on h whose events go to the timeline, and to each of
+// observe. StopProbes stops client probes; servers (probe.Serve) keep running until
+// Cleanup, across specs.
+func (w *World) StartProbe(ctx context.Context, h topologies.Host, cfg probe.Config, observe ...func(probe.Event)) (*probe.Process, error) {
+	tl := w.Timeline
+	onEvent := tl.Add
+	if len(observe) > 0 {
+		onEvent = func(e probe.Event) {
+			tl.Add(e)
+			for _, o := range observe {
+				o(e)
+			}
+		}
+	}
+	p, err := probe.Start(ctx, h, w.Probe, cfg, probe.Options{OnEvent: onEvent, Stderr: w.ProbeStderr})
 	if err != nil {
 		return nil, fmt.Errorf("on %s: %w", h.Name(), err)
 	}
@@ -150,13 +259,60 @@ func (w *World) StartProbe(ctx context.Context, h topologies.Host, cfg probe.Con
 }
 
 // StopProbes stops every client probe gracefully (they flush their last events) and
-// waits.
+// waits; the probes are retired (see Window).
 func (w *World) StopProbes(ctx context.Context) error {
 	w.mu.Lock()
 	ps := w.probes
 	w.probes = nil
 	w.mu.Unlock()
-	return stopAll(ctx, ps)
+	err := stopAll(ctx, ps)
+	w.retire(ps)
+	return err
+}
+
+// StopProbe stops one client probe gracefully, within ProbeStopTimeout, and retires it.
+func (w *World) StopProbe(ctx context.Context, p *probe.Process) error {
+	w.mu.Lock()
+	w.probes = slices.DeleteFunc(w.probes, func(q *probe.Process) bool { return q == p })
+	w.mu.Unlock()
+	err := stopAll(ctx, []*probe.Process{p})
+	w.retire([]*probe.Process{p})
+	return err
+}
+
+func (w *World) retire(ps []*probe.Process) {
+	now := monotime.Now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.retired == nil {
+		w.retired = map[string]monotime.Time{}
+	}
+	for _, p := range ps {
+		w.retired[p.Name()] = now
+	}
+}
+
+// Window is the timeline from start to end as seen by what began at from: the
+// transition events before from, and everything of the client probes that were
+// stopped before from, are left out. A spec that runs several rounds (a graceful
+// restart, then a crash) thus judges each round on its own probes and events, on one
+// timeline that every probe keeps writing to.
+func (w *World) Window(from, start, end monotime.Time) timeline.Window {
+	win := w.Timeline.Window(start, end)
+	w.mu.Lock()
+	gone := map[string]monotime.Time{}
+	for name, t := range w.retired {
+		if t <= from {
+			gone[name] = t
+		}
+	}
+	w.mu.Unlock()
+	win.Transitions = slices.DeleteFunc(win.Transitions, func(t timeline.Transition) bool { return t.Time < from })
+	win.Events = slices.DeleteFunc(win.Events, func(e probe.Event) bool {
+		t, ok := gone[e.Probe]
+		return ok && e.Time <= t
+	})
+	return win
 }
 
 // ProbeStopTimeout bounds the stop of one probe: a probe that does not stop is an
@@ -175,29 +331,121 @@ func stopAll(ctx context.Context, ps []*probe.Process) error {
 	return errors.Join(errs...)
 }
 
-// Cleanup stops every probe and server and asks the driver to remove the
+// Cleanup stops every probe and server, removes kube-proxy and its rules from the
+// nodes it still ran on or left rules on, and asks the driver to remove the
 // implementation from every node.
 func (w *World) Cleanup(ctx context.Context) error {
 	w.mu.Lock()
 	servers := w.servers
 	w.servers = nil
+	kps := w.kubeProxy
+	w.kubeProxy = nil
 	w.mu.Unlock()
 	errs := []error{w.StopProbes(ctx), stopAll(ctx, servers)}
 	for _, n := range w.Topo.Nodes() {
 		errs = append(errs, w.Driver.Cleanup(ctx, NodeEnv(n)))
+		if f := kps[n.Name()]; f != nil {
+			if err := f.Cleanup(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("kube-proxy on %s: %w", n.Name(), err))
+			}
+		}
 	}
 	return errors.Join(errs...)
 }
 
-// Collect asks the driver for every node's diagnostics, each node into dir/<node>, and
-// returns the files written.
+// Collect asks the driver for every node's diagnostics, each node into dir/<node>
+// (created here, before the call), and returns the files that exist afterwards: a
+// file the driver names but did not write is not reported. Relative names are taken
+// as relative to the node's directory.
 func (w *World) Collect(ctx context.Context, dir string) ([]string, error) {
 	var files []string
 	var errs []error
 	for _, n := range w.Topo.Nodes() {
-		f, err := w.Driver.Collect(ctx, NodeEnv(n), filepath.Join(dir, n.Name()))
-		files = append(files, f...)
+		nodeDir := filepath.Join(dir, n.Name())
+		if err := os.MkdirAll(nodeDir, 0o755); err != nil {
+			errs = append(errs, fmt.Errorf("diagnostics of %s: %w", n.Name(), err))
+			continue
+		}
+		got, err := w.Driver.Collect(ctx, NodeEnv(n), nodeDir)
 		errs = append(errs, err)
+		for _, f := range got {
+			if !filepath.IsAbs(f) {
+				f = filepath.Join(nodeDir, f)
+			}
+			if st, err := os.Stat(f); err == nil && !st.IsDir() {
+				files = append(files, f)
+			}
+		}
+		w.mu.Lock()
+		kp := w.kubeProxy[n.Name()]
+		w.mu.Unlock()
+		if kp != nil {
+			kf, err := kp.Diagnostics(ctx, filepath.Join(nodeDir, "kube-proxy"))
+			files = append(files, kf...)
+			errs = append(errs, err)
+		}
 	}
 	return files, errors.Join(errs...)
+}
+
+// VerdictPoll is how often PollVerdicts asks the driver for policy verdicts.
+const VerdictPoll = 50 * time.Millisecond
+
+// PollVerdicts asks the driver for every node's policy verdicts (the `events` verb)
+// every VerdictPoll, and adds them to the timeline with the time up to which each
+// node's are reported. The returned stop polls each node once more, so that every
+// verdict up to the call is on the timeline, and returns the first error of any poll.
+func (w *World) PollVerdicts(ctx context.Context) (stop func() error) {
+	ctx, cancel := context.WithCancel(ctx)
+	type poller struct {
+		n      topologies.Node
+		cursor string
+		err    error
+		done   chan struct{}
+	}
+	poll := func(p *poller) error {
+		through := monotime.Now()
+		evs, err := w.Driver.Events(context.WithoutCancel(ctx), NodeEnv(p.n), p.cursor)
+		if err != nil {
+			return fmt.Errorf("policy verdicts of %s: %w", p.n.Name(), err)
+		}
+		vs := make([]timeline.Verdict, len(evs.Events))
+		for i, e := range evs.Events {
+			vs[i] = timeline.Verdict{Time: monotime.Time(e.TimeNS), Node: p.n.Name(), Verdict: e.Verdict, Src: e.Src, Dst: e.Dst,
+				Proto: e.Proto, Sport: e.Sport, Dport: e.Dport, Reason: e.Reason}
+		}
+		w.Timeline.AddVerdicts(p.n.Name(), through, vs)
+		p.cursor = evs.Cursor
+		return nil
+	}
+	var ps []*poller
+	for _, n := range w.Topo.Nodes() {
+		p := &poller{n: n, done: make(chan struct{})}
+		ps = append(ps, p)
+		go func() {
+			defer close(p.done)
+			for {
+				if p.err = poll(p); p.err != nil {
+					return
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(VerdictPoll):
+				}
+			}
+		}()
+	}
+	return func() error {
+		cancel()
+		var errs []error
+		for _, p := range ps {
+			<-p.done
+			if p.err == nil {
+				p.err = poll(p)
+			}
+			errs = append(errs, p.err)
+		}
+		return errors.Join(errs...)
+	}
 }

@@ -1,0 +1,121 @@
+package harness
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
+	"github.com/dpconform/dpconform/topologies"
+)
+
+// fakeNode and fakeTopo are the little of a topology that driver calls need.
+type fakeNode struct {
+	topologies.Node
+	name string
+}
+
+func (n fakeNode) Name() string        { return n.name }
+func (n fakeNode) DriverEnv() []string { return []string{"DPC_NODE=" + n.name} }
+
+type fakeTopo struct {
+	topologies.Topology
+	nodes []topologies.Node
+}
+
+func (t fakeTopo) Nodes() []topologies.Node { return t.nodes }
+
+// fakeDriver answers Collect and Status from functions.
+type fakeDriver struct {
+	driver.Driver
+	collect func(dir string) ([]string, error)
+	status  func(call int) (driver.Status, error)
+	calls   int
+}
+
+func (d *fakeDriver) Collect(_ context.Context, _ driver.Node, dir string) ([]string, error) {
+	return d.collect(dir)
+}
+
+func (d *fakeDriver) Status(context.Context, driver.Node) (driver.Status, error) {
+	d.calls++
+	return d.status(d.calls)
+}
+
+func world(d *fakeDriver) *World {
+	return New(fakeTopo{nodes: []topologies.Node{fakeNode{name: "node-a"}}}, d, probe.Program{})
+}
+
+// A driver that writes into the directory it is given without creating it (as a
+// real Calico driver did) must not lose its files; a file it names but did not write
+// is not reported.
+func TestCollectCreatesTheDirectory(t *testing.T) {
+	d := &fakeDriver{collect: func(dir string) ([]string, error) {
+		p := filepath.Join(dir, "maps.txt")
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			return nil, err
+		}
+		return []string{p, "rules.txt", filepath.Join(dir, "never-written.txt")}, os.WriteFile(filepath.Join(dir, "rules.txt"), nil, 0o644)
+	}}
+	dir := filepath.Join(t.TempDir(), "diagnostics", "SPEC")
+	files, err := world(d).Collect(context.Background(), dir)
+	if err != nil {
+		t.Fatalf("Collect: %v", err)
+	}
+	want := []string{filepath.Join(dir, "node-a", "maps.txt"), filepath.Join(dir, "node-a", "rules.txt")}
+	if strings.Join(files, " ") != strings.Join(want, " ") {
+		t.Errorf("Collect returned %v, want %v", files, want)
+	}
+}
+
+func TestWaitReady(t *testing.T) {
+	timeout := &driver.Error{Verb: "status", Kind: "timeout", Err: errors.New("no answer within 5s")}
+	malformed := &driver.Error{Verb: "status", Kind: "malformed"}
+	for _, tc := range []struct {
+		name   string
+		status func(call int) (driver.Status, error)
+		check  func(error) bool
+	}{
+		{"ready after a status call that missed its deadline", func(call int) (driver.Status, error) {
+			if call == 1 {
+				return driver.Status{}, timeout
+			}
+			return driver.Status{Running: true, Ready: true}, nil
+		}, func(err error) bool { return err == nil }},
+		{"never ready is a verdict", func(int) (driver.Status, error) {
+			return driver.Status{Running: true}, nil
+		}, func(err error) bool {
+			return errors.Is(err, ErrNotReady) && strings.Contains(err.Error(), "within 200ms")
+		}},
+		{"stopped running before ready is a verdict", func(call int) (driver.Status, error) {
+			return driver.Status{Running: call < 3}, nil
+		}, func(err error) bool {
+			return errors.Is(err, ErrNotReady) && strings.Contains(err.Error(), "stopped running")
+		}},
+		{"a status that never answers is the driver's error", func(int) (driver.Status, error) {
+			return driver.Status{}, timeout
+		}, func(err error) bool { return driver.IsTimeout(err) && !errors.Is(err, ErrNotReady) }},
+		{"a malformed status is the driver's error at once", func(int) (driver.Status, error) {
+			return driver.Status{}, malformed
+		}, func(err error) bool { return driver.IsDriverError(err) && !driver.IsTimeout(err) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := world(&fakeDriver{status: tc.status})
+			w.ReadyTimeout = 200 * time.Millisecond
+			err := w.WaitReady(context.Background(), w.Topo.Nodes()[0])
+			if !tc.check(err) {
+				t.Errorf("WaitReady = %v", err)
+			}
+			recorded := len(w.Timeline.Transitions()) == 1 && w.Timeline.Transitions()[0].Name == timeline.Ready
+			if recorded != (err == nil) {
+				t.Errorf("ready recorded: %v, error: %v", recorded, err)
+			}
+		})
+	}
+}
