@@ -11,54 +11,15 @@ import (
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
+	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/topologies"
 )
 
-// Budgets are the limits a conformant implementation is held to, in one place (the
-// Gateway API TimeoutConfig model). The report prints each measured figure next to its
-// budget.
-type Budgets struct {
-	// Lead is how long before the first transition event a window starts.
-	Lead time.Duration
-	// Settle is how long after ready a window ends.
-	Settle time.Duration
-	// ConnectInterval is the period of new connections.
-	ConnectInterval time.Duration
-	// AttemptTimeout is how long an attempt may take before it is a failure.
-	AttemptTimeout time.Duration
-	// StreamInterval is the period of messages on a stream.
-	StreamInterval time.Duration
-	// StreamMaxGap is the longest a stream may go without an echo.
-	StreamMaxGap time.Duration
-	// SteadyState is how long traffic runs before a transition, to prove the
-	// preconditions.
-	SteadyState time.Duration
-	// EndWithin is how soon a stream to a removed backend must end.
-	EndWithin time.Duration
-	// Ready bounds the wait for an agent to report ready.
-	Ready time.Duration
-	// Programmed bounds the wait for a new Service to carry traffic once its
-	// EndpointSlices list its backends (implementations program asynchronously).
-	Programmed time.Duration
-}
-
-// DefaultBudgets are the budgets of SPECS.md.
-var DefaultBudgets = Budgets{
-	Lead:            time.Second,
-	Settle:          3 * time.Second,
-	ConnectInterval: 2 * time.Millisecond,
-	AttemptTimeout:  time.Second,
-	StreamInterval:  5 * time.Millisecond,
-	StreamMaxGap:    200 * time.Millisecond,
-	SteadyState:     time.Second,
-	EndWithin:       2 * time.Second,
-	Ready:           60 * time.Second,
-	Programmed:      10 * time.Second,
-}
-
-// Env is what a spec's body works with: the world, the budgets, and the record of
-// its checks.
+// Env is what a spec's body works with: the world (topology, implementation, probes,
+// one timeline), the implementation's info, the budgets, and the record of the
+// checks. A body builds its workloads and runs its scenarios with Run.
 type Env struct {
 	World   *harness.World
 	Topo    topologies.Topology
@@ -67,6 +28,36 @@ type Env struct {
 	Logf    func(format string, args ...any)
 
 	checks []CheckResult
+}
+
+// Traffic is a probe a scenario runs from a host: it starts before the steady state
+// and is stopped once the transition has settled.
+type Traffic struct {
+	From  topologies.Host
+	Probe probe.Config
+}
+
+// Check is an invariant a scenario judges over a window: in steady state (a
+// precondition) or across the transition.
+type Check struct {
+	Name    string
+	Matcher matchers.Matcher
+}
+
+// Scenario is one round of a spec, run by Env.Run in this order: start Traffic; let
+// it run for the SteadyState budget and prove Preconditions on that window (the first
+// that fails ends the spec as a failed precondition); run the Transition's steps in
+// order; let it settle; stop the traffic; judge Checks on the transition's window,
+// from Lead before its first event to Settle after its last.
+type Scenario struct {
+	Traffic       []Traffic
+	Preconditions []Check
+	Transition    []Step
+	Checks        []Check
+	// Verdicts polls the implementation's policy verdicts (the driver's `events`)
+	// into the timeline from the start of the traffic to the end of the settle time,
+	// for checks such as matchers.HaveNoVerdicts.
+	Verdicts bool
 }
 
 // CheckResult is the outcome of one check of a spec.
@@ -89,42 +80,122 @@ var errEnvironment = errors.New("environment error")
 // traffic the spec needs before its transition.
 var errPrecondition = errors.New("precondition failed")
 
-// Check evaluates m on win and records the result under name. It returns whether the
-// check passed. A blind instrument is an environment error, returned as such.
-func (e *Env) Check(name string, win timeline.Window, m matchers.Matcher) (bool, error) {
-	return e.check(name, win, m, false)
-}
-
-// Precondition is Check for what must hold in steady state, before the transition; if
-// it does not, the spec fails with "precondition: ..." and goes no further.
-func (e *Env) Precondition(name string, win timeline.Window, m matchers.Matcher) error {
-	ok, err := e.check(name, win, m, true)
+// Run runs one scenario (see Scenario). Errors it returns are already classified:
+// a failed precondition, an agent that did not come back ready and a driver error
+// each keep their mark; anything else is an error of the run.
+func (e *Env) Run(ctx context.Context, sc Scenario) error {
+	from := monotime.Now()
+	var stopVerdicts func() error
+	if sc.Verdicts {
+		stopVerdicts = e.World.PollVerdicts(ctx)
+		defer func() {
+			if stopVerdicts != nil {
+				_ = stopVerdicts()
+			}
+		}()
+	}
+	for _, t := range sc.Traffic {
+		if _, err := e.World.StartProbe(ctx, t.From, t.Probe); err != nil {
+			return err
+		}
+	}
+	steady, err := e.steadyState(ctx, from)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		return fmt.Errorf("%w: %s", errPrecondition, name)
+	for _, c := range sc.Preconditions {
+		ok, err := e.check(c, steady, true)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return fmt.Errorf("%w: %s", errPrecondition, c.Name)
+		}
+	}
+	for _, st := range sc.Transition {
+		e.Logf("step: %s", st.Name)
+		if err := st.Do(ctx, e); err != nil {
+			return fmt.Errorf("step %q: %w", st.Name, err)
+		}
+	}
+	if err := sleep(ctx, e.Budgets.Settle); err != nil {
+		return err
+	}
+	if stopVerdicts != nil {
+		stop := stopVerdicts
+		stopVerdicts = nil
+		if err := stop(); err != nil {
+			return err
+		}
+	}
+	if err := e.World.StopProbes(ctx); err != nil {
+		return fmt.Errorf("%w: %w", errEnvironment, err)
+	}
+	win, err := e.transitionWindow(from)
+	if err != nil {
+		return err
+	}
+	for _, c := range sc.Checks {
+		if _, err := e.check(c, win, false); err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
-func (e *Env) check(name string, win timeline.Window, m matchers.Matcher, pre bool) (bool, error) {
+// steadyState lets traffic run for the SteadyState budget and returns its window.
+func (e *Env) steadyState(ctx context.Context, from monotime.Time) (timeline.Window, error) {
+	start := monotime.Now()
+	if err := sleep(ctx, e.Budgets.SteadyState); err != nil {
+		return timeline.Window{}, err
+	}
+	end := monotime.Now()
+	// Attempts are reported when they end: leave them time to.
+	if err := sleep(ctx, e.Budgets.AttemptTimeout+100*time.Millisecond); err != nil {
+		return timeline.Window{}, err
+	}
+	return e.World.Window(from, start, end), nil
+}
+
+// transitionWindow spans the scenario's transition events: from Lead before the
+// first to Settle after the last.
+func (e *Env) transitionWindow(from monotime.Time) (timeline.Window, error) {
+	var first, last monotime.Time
+	for _, t := range e.World.Timeline.Transitions() {
+		if t.Time < from {
+			continue
+		}
+		if first == 0 {
+			first = t.Time
+		}
+		last = t.Time
+	}
+	if first == 0 {
+		return timeline.Window{}, errors.New("the transition recorded no event on the timeline: a scenario needs at least one step that records one")
+	}
+	return e.World.Window(from, first.Add(-e.Budgets.Lead), last.Add(e.Budgets.Settle)), nil
+}
+
+// check evaluates c on win with the budgets as the matcher's defaults and records the
+// result. A blind instrument is an environment error, returned as such.
+func (e *Env) check(c Check, win timeline.Window, pre bool) (bool, error) {
+	m := c.Matcher.WithDefaults(matchers.MaxBlind(e.Budgets.MaxBlind), matchers.Within(e.Budgets.AliveWithin))
 	ok, err := m.Match(win)
 	res := m.Result()
-	cr := CheckResult{Name: name, Passed: ok && err == nil, Verdict: res.Verdict, Figures: res.Figures, Window: win.String(), Pre: pre}
+	cr := CheckResult{Name: c.Name, Passed: ok && err == nil, Verdict: res.Verdict, Figures: res.Figures, Window: win.String(), Pre: pre}
 	if err != nil {
 		cr.Message = err.Error()
 		e.checks = append(e.checks, cr)
 		if errors.Is(err, matchers.ErrInstrument) {
-			return false, fmt.Errorf("%w: check %s: %w", errEnvironment, name, err)
+			return false, fmt.Errorf("%w: check %s: %w", errEnvironment, c.Name, err)
 		}
-		return false, fmt.Errorf("check %s: %w", name, err)
+		return false, fmt.Errorf("check %s: %w", c.Name, err)
 	}
 	if !ok {
 		cr.Message = m.FailureMessage(win)
-		cr.Kind = classify(res)
+		cr.Kind = res.Kind
 		if pre {
-			cr.Kind = KindPrecondition
+			cr.Kind = matchers.KindPrecondition
 		}
 	}
 	e.checks = append(e.checks, cr)
@@ -134,85 +205,33 @@ func (e *Env) check(name string, win timeline.Window, m matchers.Matcher, pre bo
 // Checks returns the checks recorded so far.
 func (e *Env) Checks() []CheckResult { return e.checks }
 
-// classify derives a failure kind from what a matcher measured.
-func classify(r matchers.Result) FailureKind {
-	val := map[string]float64{}
-	for _, f := range r.Figures {
-		val[f.Name] = f.Value
-	}
-	switch {
-	case r.Verdict == matchers.Precondition:
-		return KindPrecondition
-	case val["reset_or_refused"] > 0 || val["resets"] > 0:
-		return KindReset
-	case val["timeouts"] > 0:
-		return KindTimeout
-	case val["failed_attempts"] > 0:
-		return KindWrongBackend
-	case val["gaps_over_budget"] > 0 || val["max_gap"] > 0 && hasOverBudget(r, "max_gap"):
-		return KindGap
-	case val["dead_streams"] > 0:
-		return KindNotAlive
-	case val["hung_streams"] > 0 || hasOverBudget(r, "latest_end"):
-		return KindHang
-	case val["delivered"] > 0 || val["lost_after_control"] > 0:
-		return KindDelivered
-	}
-	return KindOther
+// Warm is the budgets' rule for a flow to count as programmed.
+func (e *Env) Warm() workloads.Warm {
+	return workloads.Warm{Streak: e.Budgets.WarmStreak, Interval: e.Budgets.WarmInterval, Within: e.Budgets.Programmed}
 }
 
-func hasOverBudget(r matchers.Result, name string) bool {
-	for _, f := range r.Figures {
-		if f.Name == name && !f.Within() {
-			return true
-		}
-	}
-	return false
+// Connect is a connect probe at the budgets' rate and timeout.
+func (e *Env) Connect(name, target string) probe.Connect {
+	return probe.Connect{Name: name, Target: target, Interval: e.Budgets.ConnectInterval, Timeout: e.Budgets.AttemptTimeout}
 }
 
-// Transition runs fn (the transition: a restart, a crash, a service change) and
-// returns the window of the spec: from Lead before the first transition event to
-// Settle after the last, once the probes have been stopped and have flushed.
-func (e *Env) Transition(ctx context.Context, fn func(ctx context.Context) error) (timeline.Window, error) {
-	if err := fn(ctx); err != nil {
-		return timeline.Window{}, err
-	}
-	select {
-	case <-time.After(e.Budgets.Settle):
-	case <-ctx.Done():
-		return timeline.Window{}, ctx.Err()
-	}
-	if err := e.World.StopProbes(ctx); err != nil {
-		return timeline.Window{}, fmt.Errorf("%w: %w", errEnvironment, err)
-	}
-	return e.World.Timeline.SpanWindow(e.Budgets.Lead, e.Budgets.Settle)
+// Stream is a stream probe holding n streams at the budgets' message interval.
+func (e *Env) Stream(name, target string, n int) probe.Stream {
+	return probe.Stream{Name: name, Target: target, Streams: n, Interval: e.Budgets.StreamInterval, DialTimeout: e.Budgets.AttemptTimeout}
 }
 
-// SteadyState lets traffic run for the SteadyState budget and returns the window since
-// the probes started, for preconditions.
-func (e *Env) SteadyState(ctx context.Context) (timeline.Window, error) {
-	start := monotime.Now()
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
 	select {
-	case <-time.After(e.Budgets.SteadyState):
+	case <-t.C:
+		return nil
 	case <-ctx.Done():
-		return timeline.Window{}, ctx.Err()
+		return ctx.Err()
 	}
-	// Attempts are reported when they end: leave them time to.
-	end := monotime.Now()
-	select {
-	case <-time.After(e.Budgets.AttemptTimeout + 100*time.Millisecond):
-	case <-ctx.Done():
-		return timeline.Window{}, ctx.Err()
-	}
-	return e.World.Timeline.Window(start, end), nil
 }
 
 func firstLine(s string) string {
 	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
 	return s
-}
-
-// PreconditionFailf fails the spec for a precondition the implementation did not meet.
-func PreconditionFailf(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", errPrecondition, fmt.Sprintf(format, args...))
 }

@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -21,13 +22,17 @@ const SuiteVersion = "v0.1.0"
 
 // Report is the ConformanceReport a vendor can publish (report.yaml).
 type Report struct {
-	APIVersion     string          `json:"apiVersion"`
-	Kind           string          `json:"kind"`
-	Date           string          `json:"date"`
-	Suite          SuiteInfo       `json:"suite"`
-	Implementation Implementation  `json:"implementation"`
-	Topology       string          `json:"topology"`
-	Profiles       []ProfileReport `json:"profiles"`
+	APIVersion     string         `json:"apiVersion"`
+	Kind           string         `json:"kind"`
+	Date           string         `json:"date"`
+	Suite          SuiteInfo      `json:"suite"`
+	Implementation Implementation `json:"implementation"`
+	Topology       string         `json:"topology"`
+	// Budgets are the budgets the run held the implementation to; Overrides lists
+	// those that differ from the catalogue's defaults.
+	Budgets   map[string]string `json:"budgets"`
+	Overrides []string          `json:"budgetOverrides,omitempty"`
+	Profiles  []ProfileReport   `json:"profiles"`
 }
 
 // SuiteInfo identifies the suite.
@@ -36,39 +41,46 @@ type SuiteInfo struct {
 	Version string `json:"version"`
 }
 
-// Implementation is what the driver's info said, and where the driver is.
+// Implementation is what the driver's info said. The report names the driver by the
+// implementation's name and version, never by a path on the machine it ran on.
 type Implementation struct {
 	Name     string   `json:"name"`
 	Version  string   `json:"version"`
-	Driver   string   `json:"driver,omitempty"`
 	Profiles []string `json:"profiles"`
 	Features []string `json:"features"`
 }
 
 // ProfileReport is the result of one profile.
 type ProfileReport struct {
-	Name string `json:"name"`
-	// Result is passed (every spec passed), failed (one failed), error (one could not
-	// be judged), or skipped (not claimed or not selected).
-	Result  string       `json:"result"`
+	Name Profile `json:"name"`
+	// Claimed is whether the implementation claims the profile and the run selected
+	// it: only a claimed profile can be certified.
+	Claimed bool `json:"claimed"`
+	// Result of a claimed profile is passed (every spec passed, or was skipped only
+	// for an optional feature the implementation does not claim), failed (one
+	// failed), error (one could not be judged) or incomplete (a spec did not run for
+	// another reason); of a profile not claimed, skipped.
+	Result  ResultKind   `json:"result"`
 	Summary string       `json:"summary"`
 	Specs   []SpecReport `json:"specs"`
 }
 
 // SpecReport is one spec's line in the report.
 type SpecReport struct {
-	ID          string        `json:"id"`
-	Result      string        `json:"result"`
-	Reason      string        `json:"reason,omitempty"`
-	Duration    string        `json:"duration"`
-	Checks      []CheckReport `json:"checks,omitempty"`
-	Diagnostics string        `json:"diagnostics,omitempty"`
+	ID       string        `json:"id"`
+	Result   ResultKind    `json:"result"`
+	Kind     string        `json:"kind,omitempty"`
+	Reason   string        `json:"reason,omitempty"`
+	Duration string        `json:"duration"`
+	Checks   []CheckReport `json:"checks,omitempty"`
+	// Diagnostics are the files the driver collected, relative to the report.
+	Diagnostics []string `json:"diagnostics,omitempty"`
 }
 
 // CheckReport is one check, with every figure next to its budget.
 type CheckReport struct {
 	Name    string         `json:"name"`
-	Result  string         `json:"result"`
+	Result  ResultKind     `json:"result"`
 	Kind    string         `json:"kind,omitempty"`
 	Window  string         `json:"window,omitempty"`
 	Figures []FigureReport `json:"figures"`
@@ -87,20 +99,23 @@ type FigureReport struct {
 	Within   bool     `json:"withinBudget"`
 }
 
-// BuildReport assembles a report from results, in registry order.
-func BuildReport(info driver.Info, driverPath, topology string, results []Result, now time.Time) Report {
+// BuildReport assembles a report from results, in registry order. claimed says which
+// profiles the run certifies (Runner.Claimed).
+func BuildReport(info driver.Info, topology string, budgets Budgets, claimed func(Profile) bool, results []Result, now time.Time) Report {
 	rep := Report{
 		APIVersion: "dpconform.io/v1alpha1",
 		Kind:       "ConformanceReport",
 		Date:       now.UTC().Format(time.RFC3339),
 		Suite:      SuiteInfo{Name: "dpconform", Version: SuiteVersion},
 		Implementation: Implementation{
-			Name: info.Name, Version: info.Version, Driver: driverPath,
+			Name: info.Name, Version: info.Version,
 			Profiles: info.Profiles, Features: info.Features,
 		},
-		Topology: topology,
+		Topology:  topology,
+		Budgets:   budgets.Values(),
+		Overrides: budgets.Overridden(),
 	}
-	byProfile := map[string][]Result{}
+	byProfile := map[Profile][]Result{}
 	for _, r := range results {
 		byProfile[r.Profile] = append(byProfile[r.Profile], r)
 	}
@@ -109,23 +124,27 @@ func BuildReport(info driver.Info, driverPath, topology string, results []Result
 		if len(rs) == 0 {
 			continue
 		}
-		pr := ProfileReport{Name: p}
-		count := map[string]int{}
+		pr := ProfileReport{Name: p, Claimed: claimed(p)}
+		count := map[ResultKind]int{}
+		notRun := 0
 		for _, r := range rs {
 			count[r.Result]++
+			if r.Result == Skipped && !r.Optional {
+				notRun++
+			}
 			pr.Specs = append(pr.Specs, specReport(r))
 		}
 		switch {
+		case !pr.Claimed:
+			pr.Result = Skipped
 		case count[Errored] > 0:
 			pr.Result = Errored
 		case count[Failed] > 0:
 			pr.Result = Failed
-		case count[Passed] > 0 && count[Skipped] == 0:
-			pr.Result = Passed
-		case count[Passed] > 0:
-			pr.Result = "partial"
+		case notRun > 0 || count[Passed] == 0:
+			pr.Result = Incomplete
 		default:
-			pr.Result = Skipped
+			pr.Result = Passed
 		}
 		pr.Summary = fmt.Sprintf("%d passed, %d failed, %d skipped, %d error", count[Passed], count[Failed], count[Skipped], count[Errored])
 		rep.Profiles = append(rep.Profiles, pr)
@@ -133,8 +152,32 @@ func BuildReport(info driver.Info, driverPath, topology string, results []Result
 	return rep
 }
 
+// Certified returns nil when every claimed profile passed, and otherwise an error
+// naming the profiles that did not: a run that certified nothing must not look like
+// one that passed.
+func (rep Report) Certified() error {
+	var bad []string
+	claimed := 0
+	for _, p := range rep.Profiles {
+		if !p.Claimed {
+			continue
+		}
+		claimed++
+		if p.Result != Passed {
+			bad = append(bad, fmt.Sprintf("%s %s (%s)", p.Name, strings.ToUpper(string(p.Result)), p.Summary))
+		}
+	}
+	switch {
+	case len(bad) > 0:
+		return fmt.Errorf("not certified: %s", strings.Join(bad, "; "))
+	case claimed == 0:
+		return errors.New("not certified: the run covered no profile the implementation claims")
+	}
+	return nil
+}
+
 func specReport(r Result) SpecReport {
-	sr := SpecReport{ID: r.ID, Result: r.Result, Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics}
+	sr := SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics}
 	for _, c := range r.Checks {
 		cr := CheckReport{Name: c.Name, Result: Passed, Window: c.Window}
 		if !c.Passed {
@@ -214,9 +257,12 @@ func (rep Report) WriteYAML(path string) error {
 // PrintSummary writes a table of the results for people.
 func (rep Report) PrintSummary(out io.Writer) {
 	fmt.Fprintf(out, "\ndpconform %s: %s %s\n", rep.Suite.Version, rep.Implementation.Name, rep.Implementation.Version)
+	if len(rep.Overrides) > 0 {
+		fmt.Fprintf(out, "budgets overridden: %s\n", strings.Join(rep.Overrides, ", "))
+	}
 	tw := tabwriter.NewWriter(out, 2, 4, 2, ' ', 0)
 	for _, p := range rep.Profiles {
-		fmt.Fprintf(tw, "\n%s\t%s\t%s\n", p.Name, strings.ToUpper(p.Result), p.Summary)
+		fmt.Fprintf(tw, "\n%s\t%s\t%s\n", p.Name, strings.ToUpper(string(p.Result)), p.Summary)
 		for _, s := range p.Specs {
 			detail := s.Reason
 			if s.Result == Passed {

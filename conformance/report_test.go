@@ -1,6 +1,9 @@
 package conformance
 
 import (
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -24,17 +27,117 @@ func TestMeasured(t *testing.T) {
 	}
 }
 
+func claimsCore(p Profile) bool { return p == Core }
+
 func TestBuildReportProfileResults(t *testing.T) {
-	rep := BuildReport(driverInfo(), "d", "netns", []Result{
-		{ID: "A", Profile: Core, Result: Passed},
-		{ID: "B", Profile: Core, Result: Failed, Reason: "x"},
-		{ID: "C", Profile: Policy, Result: Skipped},
-	}, zeroTime)
-	if len(rep.Profiles) != 2 || rep.Profiles[0].Result != Failed || rep.Profiles[1].Result != Skipped {
-		t.Fatalf("profiles %+v", rep.Profiles)
+	for _, tc := range []struct {
+		name    string
+		results []Result
+		want    ResultKind
+	}{
+		{"every spec passed", []Result{{ID: "A", Profile: Core, Result: Passed}, {ID: "B", Profile: Core, Result: Passed}}, Passed},
+		{"one failed", []Result{{ID: "A", Profile: Core, Result: Passed}, {ID: "B", Profile: Core, Result: Failed}}, Failed},
+		{"one could not be judged", []Result{{ID: "A", Profile: Core, Result: Failed}, {ID: "B", Profile: Core, Result: Errored}}, Errored},
+		{"a spec skipped for an optional feature", []Result{{ID: "A", Profile: Core, Result: Passed}, {ID: "B", Profile: Core, Result: Skipped, Optional: true}}, Passed},
+		{"a spec not run (focus)", []Result{{ID: "A", Profile: Core, Result: Passed}, {ID: "B", Profile: Core, Result: Skipped}}, Incomplete},
+		{"nothing ran", []Result{{ID: "A", Profile: Core, Result: Skipped, Optional: true}}, Incomplete},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep := BuildReport(driverInfo(), "netns", DefaultBudgets, claimsCore, append(tc.results, Result{ID: "C", Profile: Policy, Result: Skipped}), time.Time{})
+			if len(rep.Profiles) != 2 || rep.Profiles[0].Result != tc.want || rep.Profiles[1].Result != Skipped || rep.Profiles[1].Claimed {
+				t.Fatalf("profiles %+v, want Core %s and Policy skipped, unclaimed", rep.Profiles, tc.want)
+			}
+			if err := rep.Certified(); (err == nil) != (tc.want == Passed) {
+				t.Errorf("Certified() = %v with Core %s", err, tc.want)
+			}
+		})
 	}
 }
 
-var zeroTime = time.Time{}
+// A driver that claims Core and no spec runs must not pass as certified.
+func TestCertifiedNeedsAClaimedProfile(t *testing.T) {
+	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, func(Profile) bool { return false },
+		[]Result{{ID: "A", Profile: Core, Result: Skipped}}, time.Time{})
+	if err := rep.Certified(); err == nil || !strings.Contains(err.Error(), "no profile") {
+		t.Errorf("Certified() = %v, want an error: nothing claimed was run", err)
+	}
+}
 
-func driverInfo() driver.Info { return driver.Info{Name: "x", Version: "1", Profiles: []string{Core}} }
+// A report is published: it must not carry paths of the machine it ran on.
+func TestReportCarriesNoMachinePaths(t *testing.T) {
+	out := t.TempDir()
+	abs := []string{filepath.Join(out, "diagnostics", "A", "node-a", "maps.txt"), "/elsewhere/x.txt"}
+	rel := relativeTo(out, abs)
+	if len(rel) != 1 || rel[0] != "diagnostics/A/node-a/maps.txt" {
+		t.Fatalf("relativeTo = %v, want only the file under the output directory, relative", rel)
+	}
+	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, claimsCore,
+		[]Result{{ID: "A", Profile: Core, Result: Failed, Diagnostics: rel}}, time.Time{})
+	path := filepath.Join(out, "report.yaml")
+	if err := rep.WriteYAML(path); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(data), out) || strings.Contains(string(data), "driver:") {
+		t.Errorf("report.yaml names a path of this machine:\n%s", data)
+	}
+	for _, want := range []string{"name: x", "version: \"1\"", "- diagnostics/A/node-a/maps.txt", "stream-max-gap: 200ms"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("report.yaml lacks %q:\n%s", want, data)
+		}
+	}
+}
+
+func TestClaimsRequireTheProfilesFeatures(t *testing.T) {
+	if err := claims(driver.Info{Name: "x", Profiles: []string{"Core"}, Features: []string{"ClusterIP", "NodePort", "TCP"}}); err != nil {
+		t.Errorf("Core with its features: %v", err)
+	}
+	err := claims(driver.Info{Name: "x", Profiles: []string{"Core"}})
+	if err == nil || !strings.Contains(err.Error(), "claims the Core profile without its required features ClusterIP, NodePort, TCP") {
+		t.Errorf("Core without features: %v", err)
+	}
+	if err := claims(driver.Info{Name: "x", Profiles: []string{"Cor"}}); err == nil || !strings.Contains(err.Error(), `unknown profile "Cor"`) {
+		t.Errorf("a misspelt profile: %v", err)
+	}
+}
+
+func TestBudgets(t *testing.T) {
+	b := DefaultBudgets
+	for _, ok := range []string{"ready=90s", "warm-streak=50", "stream-max-gap=300ms"} {
+		if err := b.Set(ok); err != nil {
+			t.Errorf("Set(%q): %v", ok, err)
+		}
+	}
+	if b.Ready != 90*time.Second || b.WarmStreak != 50 || b.StreamMaxGap != 300*time.Millisecond {
+		t.Errorf("budgets not set: %+v", b)
+	}
+	if got := strings.Join(b.Overridden(), " "); got != "ready=1m30s stream-max-gap=300ms warm-streak=50" {
+		t.Errorf("Overridden() = %q", got)
+	}
+	for bad, want := range map[string]string{
+		"ready":           "want name=value",
+		"redy=1s":         `unknown budget "redy"`,
+		"ready=soon":      "want a positive duration",
+		"warm-streak=-1":  "want a positive whole number",
+		"max-blind=-10ms": "want a positive duration",
+	} {
+		if err := b.Set(bad); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Set(%q) = %v, want %q", bad, err, want)
+		}
+	}
+	if n := len(DefaultBudgets.Values()); n != len(BudgetNames()) || n < 16 {
+		t.Errorf("%d budgets in the report, %d named", n, len(BudgetNames()))
+	}
+	for _, name := range BudgetNames() {
+		if name == "" {
+			t.Error("a budget without a name tag")
+		}
+	}
+}
+
+func driverInfo() driver.Info {
+	return driver.Info{Name: "x", Version: "1", Profiles: []string{"Core"}, Features: []string{"ClusterIP", "NodePort", "TCP"}}
+}

@@ -19,28 +19,20 @@ import (
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
+	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
 
-// Results of a spec.
-const (
-	Passed  = "passed"
-	Failed  = "failed"
-	Skipped = "skipped"
-	Errored = "error"
-)
-
 // Config configures a Runner.
 type Config struct {
-	// Driver is the implementation under test; DriverPath names it in the report.
-	Driver     driver.Driver
-	DriverPath string
+	// Driver is the implementation under test.
+	Driver driver.Driver
 	// Probe is how probes run (the dpconform binary, or a test binary).
 	Probe probe.Program
 	// Profiles restricts the run to these profiles (empty: every profile the
 	// implementation claims).
-	Profiles []string
+	Profiles []Profile
 	// Budgets (zero: DefaultBudgets).
 	Budgets Budgets
 	// NewTopology makes a fresh topology for a spec (default: a 2-node netns topology
@@ -58,20 +50,31 @@ type Config struct {
 // Result is the outcome of one spec.
 type Result struct {
 	ID          string        `json:"id"`
-	Profile     string        `json:"profile"`
+	Profile     Profile       `json:"profile"`
 	Description string        `json:"description"`
-	Result      string        `json:"result"`
+	Result      ResultKind    `json:"result"`
 	Reason      string        `json:"reason,omitempty"`
 	Duration    time.Duration `json:"duration"`
 	Checks      []CheckResult `json:"checks,omitempty"`
-	Diagnostics string        `json:"diagnostics,omitempty"`
+	// Kind is how a spec failed outside its checks (not-ready, precondition).
+	Kind FailureKind `json:"kind,omitempty"`
+	// Diagnostics are the files the driver collected for a failed spec, relative to
+	// the output directory.
+	Diagnostics []string `json:"diagnostics,omitempty"`
+	// Optional is set on a spec skipped only because the implementation does not
+	// claim an optional feature it needs: that skip does not keep its profile from
+	// passing.
+	Optional bool `json:"-"`
 	// Message is the full failure message (timelines included) for people.
 	Message string `json:"-"`
 }
 
-// FailedKinds returns the kinds of the checks that failed.
+// FailedKinds returns the kinds of the spec's failure and of its failed checks.
 func (r Result) FailedKinds() []FailureKind {
 	var out []FailureKind
+	if r.Kind != "" {
+		out = append(out, r.Kind)
+	}
 	for _, c := range r.Checks {
 		if !c.Passed && c.Kind != "" && !slices.Contains(out, c.Kind) {
 			out = append(out, c.Kind)
@@ -86,7 +89,8 @@ type Runner struct {
 	info driver.Info
 }
 
-// NewRunner asks the implementation for its info once.
+// NewRunner asks the implementation for its info once, and refuses an implementation
+// that claims a profile without the features the profile requires.
 func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.Budgets == (Budgets{}) {
 		cfg.Budgets = DefaultBudgets
@@ -109,30 +113,46 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := claims(info); err != nil {
+		return nil, err
+	}
 	return &Runner{cfg: cfg, info: info}, nil
 }
 
 // Info is what the implementation said of itself.
 func (r *Runner) Info() driver.Info { return r.info }
 
-// Selected reports whether a spec runs, and why not.
-func (r *Runner) Selected(s Spec) (bool, string) {
+// Budgets are the budgets the runner holds the implementation to.
+func (r *Runner) Budgets() Budgets { return r.cfg.Budgets }
+
+// Claimed reports whether profile p is claimed by the implementation and selected
+// for this run: the profiles a run certifies.
+func (r *Runner) Claimed(p Profile) bool {
+	return r.info.HasProfile(string(p)) && (len(r.cfg.Profiles) == 0 || slices.Contains(r.cfg.Profiles, p))
+}
+
+// Selected reports whether a spec runs, why not, and whether the reason is only an
+// optional feature the implementation does not claim.
+func (r *Runner) Selected(s Spec) (ok bool, why string, optional bool) {
 	if len(r.cfg.Profiles) > 0 && !slices.Contains(r.cfg.Profiles, s.Profile) {
-		return false, fmt.Sprintf("profile %s not selected (PROFILES=%s)", s.Profile, strings.Join(r.cfg.Profiles, ","))
+		return false, fmt.Sprintf("profile %s not selected (profiles: %s)", s.Profile, joinProfiles(r.cfg.Profiles)), false
 	}
-	if !r.info.HasProfile(s.Profile) {
-		return false, fmt.Sprintf("%s does not claim the %s profile", r.info.Name, s.Profile)
+	if !r.info.HasProfile(string(s.Profile)) {
+		return false, fmt.Sprintf("%s does not claim the %s profile", r.info.Name, s.Profile), false
 	}
 	var missing []string
 	for _, f := range s.Features {
-		if !r.info.HasFeature(f) {
-			missing = append(missing, f)
+		if !r.info.HasFeature(string(f)) {
+			missing = append(missing, string(f))
 		}
 	}
 	if len(missing) > 0 {
-		return false, fmt.Sprintf("%s does not claim feature %s", r.info.Name, strings.Join(missing, ", "))
+		return false, fmt.Sprintf("%s does not claim feature %s", r.info.Name, strings.Join(missing, ", ")), true
 	}
-	return true, ""
+	if err := r.info.Offers(s.Setup.Start); err != nil {
+		return false, err.Error(), false
+	}
+	return true, "", false
 }
 
 // Run runs one spec in a world of its own and returns its result; it never panics on
@@ -141,8 +161,8 @@ func (r *Runner) Run(ctx context.Context, s Spec) (res Result) {
 	res = Result{ID: s.ID, Profile: s.Profile, Description: s.Description}
 	start := time.Now()
 	defer func() { res.Duration = time.Since(start).Round(time.Millisecond) }()
-	if ok, why := r.Selected(s); !ok {
-		res.Result, res.Reason = Skipped, why
+	if ok, why, optional := r.Selected(s); !ok {
+		res.Result, res.Reason, res.Optional = Skipped, why, optional
 		return res
 	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.SpecTimeout)
@@ -161,15 +181,14 @@ func (r *Runner) Run(ctx context.Context, s Spec) (res Result) {
 	}()
 	w := harness.New(topo, r.cfg.Driver, r.cfg.Probe)
 	w.ProbeStderr = r.cfg.ProbeStderr
+	w.StartOptions = s.Setup.Start
+	w.ReadyTimeout = r.cfg.Budgets.Ready
 	env := &Env{World: w, Topo: topo, Info: r.info, Budgets: r.cfg.Budgets, Logf: r.cfg.Logf}
 	defer func() {
-		cctx, ccancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer ccancel()
 		if res.Result == Failed || res.Result == Errored {
-			dir := filepath.Join(r.cfg.OutputDir, "diagnostics", s.ID)
-			if _, err := w.Collect(cctx, dir); err == nil {
-				res.Diagnostics = dir
-			}
+			res.Diagnostics = r.collect(cctx, w, s.ID)
 		}
 		if err := w.Cleanup(cctx); err != nil && res.Result == Passed {
 			res.Result, res.Reason = Errored, "driver cleanup: "+err.Error()
@@ -181,19 +200,51 @@ func (r *Runner) Run(ctx context.Context, s Spec) (res Result) {
 		res.Result, res.Reason = Errored, "environment: control probe: "+err.Error()
 		return res
 	}
-	r.cfg.Logf("%s: starting %s on every node", s.ID, r.info.Name)
-	readyCtx, readyCancel := context.WithTimeout(ctx, r.cfg.Budgets.Ready)
-	err = w.StartAll(readyCtx)
-	readyCancel()
+	err = r.setUp(ctx, w, s.Setup)
 	if err == nil {
 		r.cfg.Logf("%s: running", s.ID)
-		// The body's transitions are the only ones its windows may see.
-		w.Timeline = timeline.New()
-		err = s.Run(ctx, env)
+		err = s.Body(ctx, env)
 	}
 	res.Checks = env.Checks()
-	controlErr := control.finish(ctx)
+	controlErr := control.finish(ctx, r.cfg.Budgets)
+	r.judge(&res, err, controlErr)
+	var msgs []string
+	for _, c := range res.Checks {
+		if !c.Passed && c.Message != "" {
+			msgs = append(msgs, "check "+c.Name+":\n"+c.Message)
+		}
+	}
+	res.Message = strings.Join(msgs, "\n\n")
+	return res
+}
 
+// setUp starts the world as the spec's Setup says: kube-proxy on its nodes, the
+// implementation on the others (unless deferred), each ready.
+func (r *Runner) setUp(ctx context.Context, w *harness.World, su Setup) error {
+	var impl []topologies.Node
+	for i, n := range w.Topo.Nodes() {
+		switch {
+		case slices.Contains(su.KubeProxy, i):
+			r.cfg.Logf("starting the real kube-proxy on %s", n.Name())
+			if err := w.StartKubeProxy(ctx, n); err != nil {
+				return fmt.Errorf("%w: %w", errEnvironment, err)
+			}
+		case su.runsImplementation(i):
+			impl = append(impl, n)
+		}
+	}
+	if len(impl) == 0 {
+		return nil
+	}
+	r.cfg.Logf("starting %s on %d nodes", r.info.Name, len(impl))
+	return w.StartOn(ctx, impl)
+}
+
+// judge turns what the body returned into a verdict. Only marked errors are verdicts
+// on the implementation (a failed check, a failed precondition, an agent that did not
+// come up); a driver that broke its contract, a broken environment and anything
+// unmarked are errors of the run.
+func (r *Runner) judge(res *Result, err, controlErr error) {
 	switch {
 	case controlErr != nil:
 		res.Result, res.Reason = Errored, "environment: the control flow (suite to external client, crossing no dataplane) failed, so nothing is charged to the implementation: "+controlErr.Error()
@@ -201,10 +252,13 @@ func (r *Runner) Run(ctx context.Context, s Spec) (res Result) {
 		res.Result, res.Reason = Errored, err.Error()
 	case err != nil && errors.Is(err, errEnvironment):
 		res.Result, res.Reason = Errored, err.Error()
-	case err != nil && errors.Is(err, errPrecondition):
-		res.Result, res.Reason = Failed, "precondition: "+strings.TrimPrefix(err.Error(), errPrecondition.Error()+": ")
-	case err != nil && errors.Is(err, errImplementation):
-		res.Result, res.Reason = Failed, strings.TrimPrefix(err.Error(), errImplementation.Error()+": ")
+	case err != nil && errors.Is(err, errPrecondition), err != nil && errors.Is(err, workloads.ErrNotFlowing):
+		res.Result, res.Kind = Failed, matchers.KindPrecondition
+		res.Reason = "precondition: " + strings.TrimPrefix(err.Error(), errPrecondition.Error()+": ")
+	case err != nil && errors.Is(err, harness.ErrNotReady):
+		res.Result, res.Kind, res.Reason = Failed, KindNotReady, err.Error()
+	case err != nil && errors.Is(err, context.DeadlineExceeded):
+		res.Result, res.Reason = Errored, fmt.Sprintf("the spec did not finish within %s: %v", r.cfg.SpecTimeout, err)
 	case err != nil:
 		res.Result, res.Reason = Errored, err.Error()
 	default:
@@ -218,28 +272,36 @@ func (r *Runner) Run(ctx context.Context, s Spec) (res Result) {
 			}
 		}
 	}
-	var msgs []string
-	for _, c := range res.Checks {
-		if !c.Passed && c.Message != "" {
-			msgs = append(msgs, "check "+c.Name+":\n"+c.Message)
+}
+
+// collect asks the driver for diagnostics into OutputDir/diagnostics/ID and returns
+// the files that exist, relative to OutputDir.
+func (r *Runner) collect(ctx context.Context, w *harness.World, id string) []string {
+	files, err := w.Collect(ctx, filepath.Join(r.cfg.OutputDir, "diagnostics", id))
+	if err != nil {
+		r.cfg.Logf("%s: collect diagnostics: %v", id, err)
+	}
+	return relativeTo(r.cfg.OutputDir, files)
+}
+
+// relativeTo returns the files under dir, relative to it; a report names nothing
+// outside its own directory.
+func relativeTo(dir string, files []string) []string {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, f := range files {
+		fa, err := filepath.Abs(f)
+		if err != nil {
+			continue
+		}
+		if rel, err := filepath.Rel(abs, fa); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+			out = append(out, filepath.ToSlash(rel))
 		}
 	}
-	res.Message = strings.Join(msgs, "\n\n")
-	return res
-}
-
-// errImplementation marks a failure of the implementation that is not a check (it
-// did not become ready again, say).
-var errImplementation = errors.New("implementation failure")
-
-// Failf returns an error that fails the spec with a reason of the implementation.
-func Failf(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", errImplementation, fmt.Sprintf(format, args...))
-}
-
-// Environmentf returns an error that reports the environment as broken.
-func Environmentf(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", errEnvironment, fmt.Sprintf(format, args...))
+	return out
 }
 
 // controlPort is where the control flow's server listens in the external client.
@@ -271,7 +333,7 @@ func startControl(ctx context.Context, topo topologies.Topology, cfg Config) (*c
 	}
 	target := net.JoinHostPort(topo.External().IP().String(), fmt.Sprint(controlPort))
 	// A gentler rate than the specs' probes: it watches the environment, not latency.
-	c.connect, err = probe.Start(ctx, suiteHost{}, cfg.Probe, probe.Connect{Name: "control", Target: target, Interval: 10 * time.Millisecond}, opts)
+	c.connect, err = probe.Start(ctx, suiteHost{}, cfg.Probe, probe.Connect{Name: "control", Target: target, Interval: cfg.Budgets.ControlInterval}, opts)
 	if err != nil {
 		c.server.Kill(ctx)
 		return nil, err
@@ -280,14 +342,14 @@ func startControl(ctx context.Context, topo topologies.Topology, cfg Config) (*c
 	return c, nil
 }
 
-func (c *control) finish(ctx context.Context) error {
+func (c *control) finish(ctx context.Context, b Budgets) error {
 	end := monotime.Now()
 	errs := []error{c.connect.Stop(ctx), c.server.Stop(ctx)}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
 	win := c.tl.Window(c.start, end)
-	m := matchers.HaveNoFailedAttempts(matchers.Probes("control"), matchers.MaxBlind(time.Second))
+	m := matchers.HaveNoFailedAttempts(matchers.Probes("control"), matchers.MaxBlind(b.ControlMaxBlind))
 	ok, err := m.Match(win)
 	if err != nil {
 		return err

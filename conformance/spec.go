@@ -2,47 +2,22 @@
 // Kubernetes dataplane must hold across a transition, the runner that sets up the world
 // for a spec and drives an implementation through its driver, and the report. Ginkgo
 // specs, their labels, the report and the self-test are all built from the registry.
+//
+// A spec is a value (Spec) with a Setup (how its world starts) and a Body that builds
+// its workloads and runs one or more Scenarios: traffic, preconditions proven in
+// steady state, a transition made of Steps, and checks over the transition's window.
+// The Env runs a scenario and owns its timeline, its probes and the classification of
+// what went wrong; docs/architecture.md shows how a spec is written.
 package conformance
 
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
-)
 
-// Profiles group specs by what an implementation claims to do.
-const (
-	Core          = "Core"
-	ModeSwitch    = "ModeSwitch"
-	Policy        = "Policy"
-	Upgrade       = "Upgrade"
-	Observability = "Observability"
-)
-
-// Features an implementation may claim in `info`.
-const (
-	FeatureClusterIP             = "ClusterIP"
-	FeatureNodePort              = "NodePort"
-	FeatureNodePortRemoteBackend = "NodePortRemoteBackend"
-	FeatureTCP                   = "TCP"
-)
-
-// FailureKind says how a spec failed, so the self-test can tell a spec that catches its
-// fault from one that fails for another reason.
-type FailureKind string
-
-// Failure kinds, derived from what the failed check measured.
-const (
-	KindReset        FailureKind = "reset"   // RST on a new or established connection
-	KindTimeout      FailureKind = "timeout" // no answer within the attempt timeout
-	KindWrongBackend FailureKind = "wrong-backend"
-	KindGap          FailureKind = "gap"       // a stream stalled beyond its budget
-	KindNotAlive     FailureKind = "not-alive" // a stream that should be alive is dead
-	KindHang         FailureKind = "hang"      // a stream that should have ended is still silent
-	KindDelivered    FailureKind = "delivered" // traffic that must be denied got through
-	KindPrecondition FailureKind = "precondition"
-	KindOther        FailureKind = "other"
+	"github.com/dpconform/dpconform/fv/driver"
 )
 
 // FaultCase is a fault of the reference dataplane that a spec must catch, and the
@@ -52,20 +27,43 @@ type FaultCase struct {
 	Kinds []FailureKind
 }
 
+// Setup says how a spec's world starts, before its body runs. The zero Setup starts
+// the implementation on every node and waits until each is ready.
+type Setup struct {
+	// Start are the options the implementation is started with on every node (a
+	// mode, a version, settings: `start --mode/--version/--set`). A spec whose options
+	// the implementation's `info` does not offer is skipped with that reason.
+	Start driver.StartOptions
+	// KubeProxy lists the nodes (by index in Topology.Nodes(): 0 is node-a) that run
+	// the real kube-proxy (iptables mode) instead of the implementation at first; a
+	// Switch step hands such a node over to the implementation.
+	KubeProxy []int
+	// Deferred leaves the implementation stopped on every node; the spec's steps
+	// start it (a spec of the order in which workloads and agent come up).
+	Deferred bool
+}
+
+// runsImplementation reports whether the implementation starts on node i at set-up.
+func (s Setup) runsImplementation(i int) bool {
+	return !s.Deferred && !slices.Contains(s.KubeProxy, i)
+}
+
 // Spec is one conformance spec.
 type Spec struct {
 	// ID is stable and used in reports, e.g. RESTART-NODEPORT-NEW.
 	ID      string
-	Profile string
+	Profile Profile
 	// Features the implementation must claim for the spec to run.
-	Features []string
+	Features []Feature
 	// Description says what the spec holds an implementation to, in one sentence.
 	Description string
 	// Catches lists the faults of the reference the spec is shown to catch.
 	Catches []FaultCase
-	// Run is the body: it sets up workloads and probes, proves its preconditions,
-	// drives the transition and records its checks on the Env.
-	Run func(ctx context.Context, e *Env) error
+	// Setup is how the world starts (zero: the implementation on every node).
+	Setup Setup
+	// Body builds the spec's workloads and runs its scenarios on the Env (Env.Run).
+	// An error it returns unmarked is an error of the run, not a verdict.
+	Body func(ctx context.Context, e *Env) error
 }
 
 var (
@@ -77,11 +75,19 @@ var (
 func Register(s Spec) {
 	mu.Lock()
 	defer mu.Unlock()
-	if s.ID == "" || s.Profile == "" || s.Run == nil {
+	if s.ID == "" || s.Profile == "" || s.Body == nil {
 		panic(fmt.Sprintf("conformance: spec %q needs an ID, a profile and a body", s.ID))
+	}
+	if _, ok := RequiredFeatures[s.Profile]; !ok {
+		panic(fmt.Sprintf("conformance: spec %s has unknown profile %q", s.ID, s.Profile))
 	}
 	if len(s.Catches) == 0 {
 		panic(fmt.Sprintf("conformance: spec %s names no fault it catches; a checker that cannot fail is a defect", s.ID))
+	}
+	for _, c := range s.Catches {
+		if c.Fault == "" || len(c.Kinds) == 0 {
+			panic(fmt.Sprintf("conformance: spec %s: a caught fault needs a name and the kinds of failure that catch it", s.ID))
+		}
 	}
 	if _, dup := registry[s.ID]; dup {
 		panic("conformance: spec " + s.ID + " registered twice")
@@ -106,14 +112,10 @@ func Specs() []Spec {
 	return out
 }
 
-// AllProfiles lists the profiles in report order.
-var AllProfiles = []string{Core, ModeSwitch, Policy, Upgrade, Observability}
-
-func profileOrder(p string) int {
-	for i, q := range AllProfiles {
-		if q == p {
-			return i
-		}
+func featureStrings(fs []Feature) []string {
+	out := make([]string, len(fs))
+	for i, f := range fs {
+		out[i] = string(f)
 	}
-	return len(AllProfiles)
+	return out
 }

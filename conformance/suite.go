@@ -22,6 +22,8 @@ type SuiteOptions struct {
 	Summary io.Writer
 	// Focus, if set, runs only the specs whose IDs match these regular expressions.
 	Focus []string
+	// Report, if set, receives the report once it is written.
+	Report *Report
 }
 
 // RunSuite turns the registry into Ginkgo specs (labelled with their profile and
@@ -42,7 +44,7 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 	)
 	ginkgo.Describe("dpconform", func() {
 		for _, s := range Specs() {
-			labels := append([]string{s.Profile}, s.Features...)
+			labels := append([]string{string(s.Profile)}, featureStrings(s.Features)...)
 			ginkgo.It(s.ID, ginkgo.Label(labels...), func(ctx ginkgo.SpecContext) {
 				ginkgo.By(s.Description)
 				res := r.Run(ctx, s)
@@ -58,7 +60,11 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 				case Errored:
 					ginkgo.Fail("ERROR (not a verdict on the implementation): " + res.Reason + diagnostics(res))
 				case Failed:
-					msg := "FAILED: " + res.Reason
+					msg := "FAILED"
+					if res.Kind != "" {
+						msg += " (" + string(res.Kind) + ")"
+					}
+					msg += ": " + res.Reason
 					if res.Message != "" {
 						msg += "\n\n" + res.Message
 					}
@@ -75,13 +81,16 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 			res, ok := results[s.ID]
 			if !ok {
 				res = Result{ID: s.ID, Profile: s.Profile, Description: s.Description, Result: Skipped, Reason: "not selected (focus or label filter)"}
-				if ok, why := r.Selected(s); !ok {
-					res.Reason = why
+				if ok, why, optional := r.Selected(s); !ok {
+					res.Reason, res.Optional = why, optional
 				}
 			}
 			all = append(all, res)
 		}
-		rep := BuildReport(r.info, r.cfg.DriverPath, opts.Topology, all, time.Now())
+		rep := BuildReport(r.info, opts.Topology, r.cfg.Budgets, r.Claimed, all, time.Now())
+		if opts.Report != nil {
+			*opts.Report = rep
+		}
 		path := filepath.Join(opts.OutputDir, "report.yaml")
 		if err := rep.WriteYAML(path); err != nil {
 			ginkgo.Fail("write " + path + ": " + err.Error())
@@ -97,7 +106,7 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 	}
 	suiteCfg.FocusStrings = append(suiteCfg.FocusStrings, opts.Focus...)
 	if len(r.cfg.Profiles) > 0 && suiteCfg.LabelFilter == "" {
-		suiteCfg.LabelFilter = strings.Join(r.cfg.Profiles, " || ")
+		suiteCfg.LabelFilter = strings.Join(profileStrings(r.cfg.Profiles), " || ")
 	}
 	return ginkgo.RunSpecs(t, "dpconform conformance: "+r.info.Name, suiteCfg, repCfg, ginkgo.Labels{"dpconform"})
 }
@@ -115,8 +124,16 @@ func checkEntry(c CheckResult) string {
 }
 
 func diagnostics(r Result) string {
-	if r.Diagnostics == "" {
+	if len(r.Diagnostics) == 0 {
 		return ""
 	}
-	return "\n\ndiagnostics from the driver: " + r.Diagnostics
+	return fmt.Sprintf("\n\ndiagnostics from the driver (%d files, in the output directory): %s", len(r.Diagnostics), strings.Join(r.Diagnostics, ", "))
+}
+
+func profileStrings(ps []Profile) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = string(p)
+	}
+	return out
 }

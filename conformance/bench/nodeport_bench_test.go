@@ -6,24 +6,18 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"sort"
-	"strconv"
 	"testing"
 	"time"
-
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
+	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
-	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
 
@@ -67,28 +61,20 @@ func measureNodePort(b *testing.B, drv driver.Driver, d, interval time.Duration)
 	out := map[string]figures{}
 	for i, n := range topo.Nodes() {
 		name := "web-" + n.Name()
-		pod, err := topo.AddPod(ctx, topologies.PodSpec{Name: name, Node: n.Name(), Labels: map[string]string{"app": name}})
+		pod, _, err := workloads.AddBackend(ctx, w, name, n.Name(), map[string]string{"app": name})
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := w.StartProbe(ctx, pod, probe.Serve{Name: name, TCP: []int{8080}}); err != nil {
-			b.Fatal(err)
-		}
-		svc, err := topologies.CreateService(ctx, topo.Kube(), &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: name},
-			Spec: corev1.ServiceSpec{Type: corev1.ServiceTypeNodePort, Selector: map[string]string{"app": name},
-				Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080), Protocol: corev1.ProtocolTCP}}},
-		})
+		svc, err := workloads.AddService(ctx, w, name, map[string]string{"app": name}, pod)
 		if err != nil {
 			b.Fatal(err)
 		}
-		if err := topologies.WaitForEndpoints(ctx, topo.Kube(), "default", name, pod); err != nil {
+		target := svc.NodePortAddr(nodeA)
+		// The implementation programs the Service asynchronously: measure once it is.
+		if err := workloads.WaitFlowing(ctx, w, workloads.Flow{Name: name, From: topo.External(), Target: target, Backend: name}, workloads.DefaultWarm); err != nil {
 			b.Fatal(err)
 		}
-		// The implementation programs the Service asynchronously: give it a moment.
-		time.Sleep(500 * time.Millisecond)
 		tl := timeline.New()
-		target := net.JoinHostPort(nodeA.IP().String(), strconv.Itoa(int(svc.Spec.Ports[0].NodePort)))
 		p, err := probe.Start(ctx, topo.External(), prog, probe.Connect{Name: "bench", Target: target, Interval: interval, Count: int(d / interval)}, probe.Options{OnEvent: tl.Add})
 		if err != nil {
 			b.Fatal(err)

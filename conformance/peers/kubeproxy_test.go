@@ -16,6 +16,7 @@ import (
 	"github.com/dpconform/dpconform/conformance"
 	_ "github.com/dpconform/dpconform/conformance/specs"
 	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
@@ -46,8 +47,8 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 // nf_nat now and then picks a source port whose tuple the backend still holds in
 // TIME_WAIT, and that SYN is retried after 1 s: a timeout, never a reset.
 var knownKubeProxy = map[string][]conformance.FailureKind{
-	"RESTART-NODEPORT-NEW":   {conformance.KindTimeout},
-	"RESTART-NODEPORT-CRASH": {conformance.KindTimeout},
+	"RESTART-NODEPORT-NEW":   {matchers.KindTimeout},
+	"RESTART-NODEPORT-CRASH": {matchers.KindTimeout},
 }
 
 var _ = Describe("kube-proxy", func() {
@@ -62,7 +63,7 @@ var _ = Describe("kube-proxy", func() {
 				prog, err := probe.Self()
 				Expect(err).NotTo(HaveOccurred())
 				r, err := conformance.NewRunner(ctx, conformance.Config{
-					Driver: d, DriverPath: kubeProxyDriver, Probe: prog,
+					Driver: d, Probe: prog,
 					OutputDir: filepath.Join("..", "..", "_output", "kube-proxy", mode, s.ID),
 					Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
 				})

@@ -5,6 +5,7 @@ package selftest
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,9 +19,11 @@ import (
 	"github.com/dpconform/dpconform/conformance"
 	_ "github.com/dpconform/dpconform/conformance/specs"
 	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/reference/faults"
 )
 
 func TestMain(m *testing.M) {
@@ -49,16 +52,22 @@ func runSpec(ctx context.Context, s conformance.Spec, faults ...string) conforma
 	if len(faults) > 0 {
 		env = append(env, "DPC_REFDP_FAULTS="+strings.Join(faults, ","))
 	}
-	d, err := driver.NewExec(bins["refdp-driver"], driver.DefaultTimeouts, env...)
-	Expect(err).NotTo(HaveOccurred())
-	prog, err := probe.Self()
-	Expect(err).NotTo(HaveOccurred())
 	name := "clean"
 	if len(faults) > 0 {
 		name = strings.Join(faults, "+")
 	}
+	return runWith(ctx, s, bins["refdp-driver"], name, conformance.DefaultBudgets, env...)
+}
+
+// runWith runs one spec against the driver at path.
+func runWith(ctx context.Context, s conformance.Spec, path, name string, budgets conformance.Budgets, env ...string) conformance.Result {
+	GinkgoHelper()
+	d, err := driver.NewExec(path, driver.DefaultTimeouts, env...)
+	Expect(err).NotTo(HaveOccurred())
+	prog, err := probe.Self()
+	Expect(err).NotTo(HaveOccurred())
 	r, err := conformance.NewRunner(ctx, conformance.Config{
-		Driver: d, DriverPath: bins["refdp-driver"], Probe: prog,
+		Driver: d, Probe: prog, Budgets: budgets,
 		OutputDir: filepath.Join("..", "..", "_output", "selftest", s.ID, name),
 		Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
 	})
@@ -67,6 +76,55 @@ func runSpec(ctx context.Context, s conformance.Spec, faults ...string) conforma
 	GinkgoWriter.Printf("%s with %s: %s %s\n", s.ID, name, res.Result, res.Reason)
 	return res
 }
+
+// stubDriver writes a driver that claims Core and does nothing: its agent is
+// "running" and, if ready, reports ready without programming anything.
+func stubDriver(dir string, ready bool) string {
+	GinkgoHelper()
+	path := filepath.Join(dir, fmt.Sprintf("stub-driver-ready-%v", ready))
+	script := `#!/bin/sh
+case "$1" in
+info) echo '{"name":"stub","version":"0","profiles":["Core"],"features":["ClusterIP","NodePort","NodePortRemoteBackend","TCP","UDP"]}' ;;
+status) echo '{"running":true,"ready":` + fmt.Sprint(ready) + `}' ;;
+collect) echo '{"files":[]}' ;;
+*) echo '{}' ;;
+esac
+`
+	Expect(os.WriteFile(path, []byte(script), 0o755)).To(Succeed())
+	return path
+}
+
+var _ = Describe("the catalogue", func() {
+	It("names only faults the reference knows", func() {
+		for _, s := range conformance.Specs() {
+			for _, fc := range s.Catches {
+				Expect(faults.Known()).To(ContainElement(fc.Fault), "%s catches %q, which reference/faults does not define", s.ID, fc.Fault)
+			}
+		}
+	})
+})
+
+// Preconditions are proven, not assumed: an implementation that does nothing fails
+// every spec, and so does one that never becomes ready.
+var _ = Describe("a stub implementation", func() {
+	for _, s := range conformance.Specs() {
+		It("that does nothing fails "+s.ID+" on a precondition", func(ctx SpecContext) {
+			b := conformance.DefaultBudgets
+			b.Programmed = 3 * time.Second // it will never be programmed: do not wait 10 s for that
+			res := runWith(ctx, s, stubDriver(GinkgoT().TempDir(), true), "does-nothing", b)
+			Expect(res.Result).To(Equal(conformance.Failed), "%s: %s", res.Result, res.Reason)
+			Expect(res.FailedKinds()).To(ContainElement(matchers.KindPrecondition), res.Reason)
+		}, SpecTimeout(2*time.Minute))
+
+		It("that never becomes ready fails "+s.ID+" as not ready", func(ctx SpecContext) {
+			b := conformance.DefaultBudgets
+			b.Ready = 2 * time.Second
+			res := runWith(ctx, s, stubDriver(GinkgoT().TempDir(), false), "never-ready", b)
+			Expect(res.Result).To(Equal(conformance.Failed), "%s: %s", res.Result, res.Reason)
+			Expect(res.FailedKinds()).To(Equal([]conformance.FailureKind{conformance.KindNotReady}), res.Reason)
+		}, SpecTimeout(2*time.Minute))
+	}
+})
 
 var _ = Describe("every spec", func() {
 	for _, s := range conformance.Specs() {

@@ -5,7 +5,7 @@ import (
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
-	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/workloads"
 )
 
 // restartNodePort is the body of RESTART-NODEPORT-NEW and -CRASH: the external client
@@ -15,45 +15,21 @@ import (
 // Settle after ready.
 func restartNodePort(crash bool) func(context.Context, *conformance.Env) error {
 	return func(ctx context.Context, e *conformance.Env) error {
-		f, err := deploy(ctx, e)
+		f, err := workloads.DeployCore(ctx, e.World, e.Warm())
 		if err != nil {
 			return err
 		}
-		b := e.Budgets
-		variants := []struct {
-			probe   string
-			svc     service
-			backend string
-		}{
-			{"nodeport-local", f.svcLocal, f.local.Name()},
-			{"nodeport-remote", f.svcRemote, f.remote.Name()},
-		}
-		for _, v := range variants {
-			cfg := probe.Connect{Name: v.probe, Target: v.svc.nodePortAddr(f.nodeA), Interval: b.ConnectInterval, Timeout: b.AttemptTimeout}
-			if _, err := e.World.StartProbe(ctx, e.Topo.External(), cfg); err != nil {
-				return conformance.Environmentf("%v", err)
+		sc := conformance.Scenario{Transition: []conformance.Step{restart(f.NodeA, crash)}}
+		for _, fl := range f.ServiceFlows(e.Topo)[2:] { // nodeport-local, nodeport-remote
+			noneFail := func() matchers.Matcher {
+				return matchers.HaveNoFailedAttempts(matchers.Probes(fl.Name), matchers.Backends(fl.Backend))
 			}
+			sc.Traffic = append(sc.Traffic, conformance.Traffic{From: fl.From, Probe: e.Connect(fl.Name, fl.Target)})
+			sc.Preconditions = append(sc.Preconditions, conformance.Check{
+				Name: "new connections reach " + fl.Backend + " through node-a's NodePort before the restart", Matcher: noneFail()})
+			sc.Checks = append(sc.Checks, conformance.Check{
+				Name: "no failed new connection to " + fl.Name + " across a " + how(crash), Matcher: noneFail()})
 		}
-		steady, err := e.SteadyState(ctx)
-		if err != nil {
-			return err
-		}
-		for _, v := range variants {
-			if err := e.Precondition("new connections reach "+v.backend+" through node-a's NodePort before the restart", steady,
-				matchers.HaveNoFailedAttempts(matchers.Probes(v.probe), matchers.Backends(v.backend))); err != nil {
-				return err
-			}
-		}
-		win, err := e.Transition(ctx, func(ctx context.Context) error { return restart(ctx, e, f.nodeA, crash) })
-		if err != nil {
-			return err
-		}
-		for _, v := range variants {
-			if _, err := e.Check("no failed new connection to "+v.probe+" across a "+how(crash), win,
-				matchers.HaveNoFailedAttempts(matchers.Probes(v.probe), matchers.Backends(v.backend))); err != nil {
-				return err
-			}
-		}
-		return nil
+		return e.Run(ctx, sc)
 	}
 }

@@ -2,13 +2,10 @@ package specs
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"strconv"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
-	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/topologies"
 )
 
@@ -16,12 +13,12 @@ func init() {
 	conformance.Register(conformance.Spec{
 		ID:          "SVC-ENDPOINT-CHURN",
 		Profile:     conformance.Core,
-		Features:    []string{conformance.FeatureClusterIP},
+		Features:    []conformance.Feature{conformance.FeatureClusterIP},
 		Description: "When a Service gains a backend and loses another, streams to the backend that stays are unaffected, and streams to the removed backend end (RST or FIN) instead of hanging silently.",
 		Catches: []conformance.FaultCase{
-			{Fault: "rebuild-backends-in-place", Kinds: []conformance.FailureKind{conformance.KindReset, conformance.KindGap, conformance.KindNotAlive}},
+			{Fault: "rebuild-backends-in-place", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindGap, matchers.KindNotAlive}},
 		},
-		Run: endpointChurn,
+		Body: endpointChurn,
 	})
 }
 
@@ -40,97 +37,61 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 	nodes := e.Topo.Nodes()
 	nodeA, nodeB := nodes[0], nodes[1]
 	labels := map[string]string{"app": "churn"}
-	keep, err := addBackend(ctx, e, "churn-keep", nodeA.Name(), labels)
+	keep, _, err := workloads.AddBackend(ctx, e.World, "churn-keep", nodeA.Name(), labels)
 	if err != nil {
 		return err
 	}
-	gone, err := e.Topo.AddPod(ctx, topologies.PodSpec{Name: "churn-gone", Node: nodeB.Name(), Labels: labels})
+	gone, goneServer, err := workloads.AddBackend(ctx, e.World, "churn-gone", nodeB.Name(), labels)
 	if err != nil {
-		return conformance.Environmentf("add pod churn-gone: %v", err)
-	}
-	goneServer, err := e.World.StartProbe(ctx, gone, probe.Serve{Name: gone.Name(), TCP: []int{EchoPort}})
-	if err != nil {
-		return conformance.Environmentf("%v", err)
+		return err
 	}
 	client, err := e.Topo.AddPod(ctx, topologies.PodSpec{Name: "client", Node: nodeA.Name()})
 	if err != nil {
-		return conformance.Environmentf("add pod client: %v", err)
+		return err
 	}
-	svc, err := addService(ctx, e, "churn", labels, keep, gone)
+	svc, err := workloads.AddService(ctx, e.World, "churn", labels, keep, gone)
 	if err != nil {
 		return err
 	}
-	// Both backends must serve through the ClusterIP before streams start.
-	for _, b := range []topologies.Pod{keep, gone} {
-		direct := net.JoinHostPort(b.IP().String(), strconv.Itoa(EchoPort))
-		if err := waitFlowing(ctx, e, client, "direct-"+b.Name(), direct, b.Name()); err != nil {
-			return err
-		}
-	}
-	if err := waitFlowing(ctx, e, client, "clusterip", svc.clusterIPAddr(), ""); err != nil {
+	// Both backends must serve, directly and through the ClusterIP, before streams start.
+	if err := workloads.WaitAllFlowing(ctx, e.World, e.Warm(),
+		workloads.Flow{Name: "direct-" + keep.Name(), From: client, Target: workloads.Direct(keep), Backend: keep.Name()},
+		workloads.Flow{Name: "direct-" + gone.Name(), From: client, Target: workloads.Direct(gone), Backend: gone.Name()},
+		workloads.Flow{Name: "clusterip", From: client, Target: svc.ClusterIPAddr()},
+	); err != nil {
 		return err
-	}
-	cfg := probe.Stream{Name: "churn", Target: svc.clusterIPAddr(), Streams: churnStreams, Interval: e.Budgets.StreamInterval, DialTimeout: e.Budgets.AttemptTimeout}
-	if _, err := e.World.StartProbe(ctx, client, cfg); err != nil {
-		return conformance.Environmentf("%v", err)
-	}
-	steady, err := e.SteadyState(ctx)
-	if err != nil {
-		return err
-	}
-	if err := e.Precondition("every stream carries echoes before the change", steady, matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap)); err != nil {
-		return err
-	}
-	perBackend := map[string]int{}
-	seen := map[int]bool{}
-	for _, ev := range steady.Inside() {
-		if ev.Kind == probe.KindEcho && ev.Backend != "" && !seen[ev.Stream] {
-			seen[ev.Stream] = true
-			perBackend[ev.Backend]++
-		}
-	}
-	if perBackend[keep.Name()] == 0 || perBackend[gone.Name()] == 0 {
-		return conformance.PreconditionFailf("the Service must spread %d streams over both backends to test them; it put %v", churnStreams, perBackend)
 	}
 
 	var newcomer topologies.Pod
-	win, err := e.Transition(ctx, func(ctx context.Context) error {
-		e.World.Timeline.Record(backendAdded, "churn-new")
-		if newcomer, err = addBackend(ctx, e, "churn-new", nodeB.Name(), labels); err != nil {
-			return err
-		}
-		// As a kubelet does: the container stops (its sockets close), then the pod
-		// and its network go.
-		e.World.Timeline.Record(backendRemoved, gone.Name())
-		if err := goneServer.Stop(ctx); err != nil {
-			return conformance.Environmentf("stop the server of %s: %v", gone.Name(), err)
-		}
-		if err := e.Topo.RemovePod(ctx, gone); err != nil {
-			return conformance.Environmentf("remove %s: %v", gone.Name(), err)
-		}
-		if err := topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", "churn", keep, newcomer); err != nil {
-			return conformance.Environmentf("%v", err)
-		}
-		e.World.Timeline.Record(endpointsUpdated, "")
-		return nil
-	})
-	if err != nil {
-		return err
-	}
 	onKeep := matchers.OnBackends(keep.Name())
-	for _, c := range []struct {
-		name string
-		m    matchers.Matcher
-	}{
-		{fmt.Sprintf("no reset on the %d streams to the backend that stays", perBackend[keep.Name()]), matchers.HaveNoResets(onKeep)},
-		{"no gap over budget on streams to the backend that stays", matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, onKeep)},
-		{"streams to the backend that stays alive at the end", matchers.BeAliveAtEnd(onKeep)},
-		{fmt.Sprintf("the %d streams to the removed backend end instead of hanging", perBackend[gone.Name()]),
-			matchers.HaveStreamsEndedWithin(backendRemoved, e.Budgets.EndWithin, matchers.OnBackends(gone.Name()))},
-	} {
-		if _, err := e.Check(c.name, win, c.m); err != nil {
-			return err
-		}
-	}
-	return nil
+	return e.Run(ctx, conformance.Scenario{
+		Traffic: []conformance.Traffic{{From: client, Probe: e.Stream("churn", svc.ClusterIPAddr(), churnStreams)}},
+		Preconditions: []conformance.Check{
+			{Name: "every stream carries echoes before the change", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap)},
+			{Name: "the Service spreads the streams over both backends", Matcher: matchers.HaveStreamsOn(keep.Name(), gone.Name())},
+		},
+		Transition: []conformance.Step{
+			conformance.Record(backendAdded, "churn-new"),
+			conformance.Do("add the backend churn-new", func(ctx context.Context, e *conformance.Env) error {
+				newcomer, _, err = workloads.AddBackend(ctx, e.World, "churn-new", nodeB.Name(), labels)
+				return err
+			}),
+			// As a kubelet does: the container stops (its sockets close), then the pod
+			// and its network go.
+			conformance.Record(backendRemoved, gone.Name()),
+			conformance.StopServer(goneServer),
+			conformance.RemovePod(gone),
+			conformance.Do("wait until the EndpointSlices list churn-keep and churn-new", func(ctx context.Context, e *conformance.Env) error {
+				return topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, keep, newcomer)
+			}),
+			conformance.Record(endpointsUpdated, ""),
+		},
+		Checks: []conformance.Check{
+			{Name: "no reset on the streams to the backend that stays", Matcher: matchers.HaveNoResets(onKeep)},
+			{Name: "no gap over budget on streams to the backend that stays", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, onKeep)},
+			{Name: "streams to the backend that stays alive at the end", Matcher: matchers.BeAliveAtEnd(onKeep)},
+			{Name: "the streams to the removed backend end instead of hanging",
+				Matcher: matchers.HaveStreamsEndedWithin(backendRemoved, e.Budgets.EndWithin, matchers.OnBackends(gone.Name()))},
+		},
+	})
 }

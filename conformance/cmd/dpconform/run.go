@@ -32,7 +32,9 @@ func run(args []string) error {
 	fs.Var(&env, "driver-env", "KEY=VALUE added to every driver call's environment (repeatable)")
 	verbose := fs.Bool("v", false, "print progress")
 	var focus multiFlag
-	fs.Var(&focus, "focus", "run only specs whose ID matches this regular expression (repeatable)")
+	fs.Var(&focus, "focus", "run only specs whose ID matches this regular expression (repeatable); the profiles it leaves incomplete are not certified")
+	budgets := conformance.DefaultBudgets
+	fs.Func("budget", "override a budget, name=value (repeatable; budgets: "+strings.Join(conformance.BudgetNames(), ", ")+")", budgets.Set)
 	fs.Parse(args)
 	if *drv == "" {
 		return errors.New("--driver is required: the path of your implementation's driver executable (see docs/driver.md)")
@@ -50,9 +52,9 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := conformance.Config{Driver: d, DriverPath: *drv, Probe: probe.Binary(self), OutputDir: *output}
-	if *profiles != "" {
-		cfg.Profiles = strings.Split(*profiles, ",")
+	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets}
+	if cfg.Profiles, err = conformance.ParseProfiles(*profiles); err != nil {
+		return fmt.Errorf("--profiles: %w", err)
 	}
 	if *verbose {
 		cfg.Logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
@@ -62,7 +64,11 @@ func run(args []string) error {
 		return fmt.Errorf("ask the driver for info: %w", err)
 	}
 	t := &suiteT{}
-	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: os.Stdout, Focus: focus})
+	var rep conformance.Report
+	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: os.Stdout, Focus: focus, Report: &rep})
+	if err := rep.Certified(); err != nil {
+		return err
+	}
 	if t.failed {
 		return errors.New("the implementation did not pass every selected spec (see the report)")
 	}
@@ -77,7 +83,11 @@ func listSpecs() {
 		for _, f := range s.Catches {
 			faults = append(faults, f.Fault)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Profile, strings.Join(s.Features, ","), strings.Join(faults, ","), s.Description)
+		var features []string
+		for _, f := range s.Features {
+			features = append(features, string(f))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Profile, strings.Join(features, ","), strings.Join(faults, ","), s.Description)
 	}
 	tw.Flush()
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,9 +14,6 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/harness"
@@ -25,13 +21,9 @@ import (
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
+	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/netns"
-)
-
-const (
-	echoPort = 8080
-	svcPort  = 80
 )
 
 // target is one way to reach a backend: a client host and an address.
@@ -249,45 +241,13 @@ var _ = Describe("kube-proxy through its driver", func() {
 				w.ProbeStderr = GinkgoWriter
 				DeferCleanup(func(ctx SpecContext) { Expect(w.Cleanup(ctx)).To(Succeed()) }, NodeTimeout(time.Minute))
 				nodeA = topo.Nodes()[0]
-				nodeB := topo.Nodes()[1]
 				settings = hostSettings(ctx, nodeA)
-
-				pods := map[string]topologies.Pod{}
-				for _, spec := range []topologies.PodSpec{
-					{Name: "web-a", Node: nodeA.Name(), Labels: map[string]string{"app": "web-a"}},
-					{Name: "web-b", Node: nodeB.Name(), Labels: map[string]string{"app": "web-b"}},
-					{Name: "client-a", Node: nodeA.Name()},
-				} {
-					p, err := topo.AddPod(ctx, spec)
-					Expect(err).NotTo(HaveOccurred())
-					pods[spec.Name] = p
-				}
-				nodePort := map[string]int32{}
-				clusterIP := map[string]string{}
-				for _, name := range []string{"web-a", "web-b"} {
-					_, err := w.StartProbe(ctx, pods[name], probe.Serve{Name: name, TCP: []int{echoPort}})
-					Expect(err).NotTo(HaveOccurred())
-					svc, err := topologies.CreateService(ctx, topo.Kube(), &corev1.Service{
-						ObjectMeta: metav1.ObjectMeta{Name: name},
-						Spec: corev1.ServiceSpec{
-							Type:     corev1.ServiceTypeNodePort,
-							Selector: map[string]string{"app": name},
-							Ports:    []corev1.ServicePort{{Name: "tcp", Port: svcPort, TargetPort: intstr.FromInt32(echoPort), Protocol: corev1.ProtocolTCP}},
-						},
-					})
-					Expect(err).NotTo(HaveOccurred())
-					Expect(topologies.WaitForEndpoints(ctx, topo.Kube(), "default", name, pods[name])).To(Succeed())
-					nodePort[name] = svc.Spec.Ports[0].NodePort
-					clusterIP[name] = svc.Spec.ClusterIP
-				}
-				hp := func(ip string, port int32) string { return net.JoinHostPort(ip, strconv.Itoa(int(port))) }
-				targets = []target{
-					{"clusterip-local", pods["client-a"], hp(clusterIP["web-a"], svcPort), "web-a"},
-					{"clusterip-remote", pods["client-a"], hp(clusterIP["web-b"], svcPort), "web-b"},
-					{"nodeport-local", topo.External(), hp(nodeA.IP().String(), nodePort["web-a"]), "web-a"},
-					{"nodeport-remote", topo.External(), hp(nodeA.IP().String(), nodePort["web-b"]), "web-b"},
-				}
 				Expect(w.StartAll(ctx)).To(Succeed())
+				f, err := workloads.DeployCore(ctx, w, workloads.DefaultWarm)
+				Expect(err).NotTo(HaveOccurred())
+				for _, fl := range f.ServiceFlows(topo) {
+					targets = append(targets, target{fl.Name, fl.From, fl.Target, fl.Backend})
+				}
 			}, NodeTimeout(2*time.Minute))
 
 			AfterEach(func(ctx SpecContext) {

@@ -1,0 +1,144 @@
+package conformance
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Budgets are every limit and rate the suite holds an implementation to, in one place
+// (the Gateway API TimeoutConfig model). Each says what a conformant implementation may
+// need; a run may override any of them (`dpconform run --budget name=value`), and the
+// report records the budgets it ran with next to every measured figure.
+type Budgets struct {
+	// Lead is how long before the first transition event a spec's window starts: the
+	// steady traffic just before a transition is part of what is judged.
+	Lead time.Duration `budget:"lead"`
+	// Settle is how long after the last transition event (ready, for a restart) a
+	// window ends: an implementation that is ready must also carry traffic.
+	Settle time.Duration `budget:"settle"`
+	// SteadyState is how long traffic runs before a transition to prove the
+	// preconditions.
+	SteadyState time.Duration `budget:"steady-state"`
+	// ConnectInterval is the period of new connections (a finer probe catches shorter
+	// windows; 2 ms catches Calico 12192's 80 ms window every time).
+	ConnectInterval time.Duration `budget:"connect-interval"`
+	// AttemptTimeout is how long a connection attempt may take before it fails: more
+	// than a SYN retransmit would be a stall no client tolerates.
+	AttemptTimeout time.Duration `budget:"attempt-timeout"`
+	// MaxBlind is the longest a connect probe may go without starting an attempt
+	// before it is called blind (an environment error, not a verdict).
+	MaxBlind time.Duration `budget:"max-blind"`
+	// StreamInterval is the period of messages on a long-lived stream.
+	StreamInterval time.Duration `budget:"stream-interval"`
+	// StreamMaxGap is the longest a stream may go without an echo across a transition.
+	StreamMaxGap time.Duration `budget:"stream-max-gap"`
+	// AliveWithin is how recent a stream's last echo must be at a window's end for it
+	// to count as alive.
+	AliveWithin time.Duration `budget:"alive-within"`
+	// EndWithin is how soon a stream to a removed backend must end (RST or FIN)
+	// instead of hanging.
+	EndWithin time.Duration `budget:"end-within"`
+	// Ready bounds every wait for an agent to report ready, at set-up and after each
+	// start of a transition. An agent that is not ready by then fails the spec.
+	Ready time.Duration `budget:"ready"`
+	// Programmed bounds the wait for a new Service to carry traffic once its
+	// EndpointSlices list its backends (implementations program asynchronously, and
+	// that is not what the specs measure).
+	Programmed time.Duration `budget:"programmed"`
+	// WarmStreak is how many new connections in a row must reach the right backend for
+	// a flow to count as programmed; WarmInterval is their period.
+	WarmStreak   int           `budget:"warm-streak"`
+	WarmInterval time.Duration `budget:"warm-interval"`
+	// ControlInterval is the period of the control flow, which crosses no dataplane
+	// and watches the environment; ControlMaxBlind is its blind limit.
+	ControlInterval time.Duration `budget:"control-interval"`
+	ControlMaxBlind time.Duration `budget:"control-max-blind"`
+}
+
+// DefaultBudgets are the budgets of the spec catalogue (docs/specs.md).
+var DefaultBudgets = Budgets{
+	Lead:            time.Second,
+	Settle:          3 * time.Second,
+	SteadyState:     time.Second,
+	ConnectInterval: 2 * time.Millisecond,
+	AttemptTimeout:  time.Second,
+	MaxBlind:        250 * time.Millisecond,
+	StreamInterval:  5 * time.Millisecond,
+	StreamMaxGap:    200 * time.Millisecond,
+	AliveWithin:     500 * time.Millisecond,
+	EndWithin:       2 * time.Second,
+	Ready:           60 * time.Second,
+	Programmed:      10 * time.Second,
+	WarmStreak:      20,
+	WarmInterval:    10 * time.Millisecond,
+	ControlInterval: 10 * time.Millisecond,
+	ControlMaxBlind: time.Second,
+}
+
+// Set overrides one budget by its name ("stream-max-gap=300ms", "warm-streak=50").
+func (b *Budgets) Set(assignment string) error {
+	name, value, ok := strings.Cut(assignment, "=")
+	if !ok {
+		return fmt.Errorf("budget %q: want name=value, e.g. ready=90s (budgets: %s)", assignment, strings.Join(BudgetNames(), ", "))
+	}
+	v := reflect.ValueOf(b).Elem()
+	for i := 0; i < v.NumField(); i++ {
+		if v.Type().Field(i).Tag.Get("budget") != name {
+			continue
+		}
+		f := v.Field(i)
+		switch f.Interface().(type) {
+		case time.Duration:
+			d, err := time.ParseDuration(value)
+			if err != nil || d <= 0 {
+				return fmt.Errorf("budget %s=%s: want a positive duration such as 500ms or 2s", name, value)
+			}
+			f.SetInt(int64(d))
+		case int:
+			n, err := strconv.Atoi(value)
+			if err != nil || n <= 0 {
+				return fmt.Errorf("budget %s=%s: want a positive whole number", name, value)
+			}
+			f.SetInt(int64(n))
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown budget %q; budgets: %s", name, strings.Join(BudgetNames(), ", "))
+}
+
+// BudgetNames lists the budgets' names, in their order in Budgets.
+func BudgetNames() []string {
+	t := reflect.TypeOf(Budgets{})
+	names := make([]string, t.NumField())
+	for i := range names {
+		names[i] = t.Field(i).Tag.Get("budget")
+	}
+	return names
+}
+
+// Values returns every budget by name, as the report records them.
+func (b Budgets) Values() map[string]string {
+	v := reflect.ValueOf(b)
+	out := map[string]string{}
+	for i, name := range BudgetNames() {
+		out[name] = fmt.Sprint(v.Field(i).Interface())
+	}
+	return out
+}
+
+// Overridden lists the budgets that differ from DefaultBudgets, as name=value, sorted.
+func (b Budgets) Overridden() []string {
+	def, got := DefaultBudgets.Values(), b.Values()
+	var out []string
+	for name, v := range got {
+		if def[name] != v {
+			out = append(out, name+"="+v)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
