@@ -1,8 +1,25 @@
 // Package agent is the reference dataplane's per-node agent (refdp). It watches the API
-// server and the node's addresses and applies, each round and in this order: endpoint
-// programs for local workloads, service NAT state, then iptables. State that must
-// outlive it (maps, program links) is pinned in the node's bpffs, so traffic keeps
-// flowing while the agent is stopped, and a restarted agent adopts it.
+// server and the node's addresses and programs the node. State that must outlive it
+// (maps, program links) is pinned in the node's bpffs, so traffic keeps flowing while
+// the agent is stopped, and a restarted agent adopts it.
+//
+// Its order of operations is its invariant; each step relies on those before it:
+//
+//  1. attach the host interface's programs (Run, once);
+//  2. attach the endpoint programs of local workloads (each round from here on, and
+//     only once the view is complete: datastore in sync and host IPs known);
+//  3. write refdp's iptables chains, again whenever the set of workload interfaces
+//     changes: after the programs, so that the chains accept from and to a workload
+//     only once its programs police it;
+//  4. write service NAT state: after the chains, because a packet the datapath NATs
+//     is accepted in FORWARD only by refdp's chains (kube-proxy's FORWARD accepts
+//     what kube-proxy's own NAT marked, or established flows). Before this step the
+//     datapath NATs nothing, and kube-proxy's rules still NAT new connections;
+//  5. after the first complete round, once: remove kube-proxy's rules, if any. Only
+//     now does the datapath NAT every service, and do refdp's chains accept what
+//     kube-proxy's FORWARD accepted: flows that predate the datapath (fallthrough
+//     packets the Linux stack's conntrack knows);
+//  6. report ready.
 package agent
 
 import (
@@ -13,6 +30,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -82,8 +100,11 @@ type Agent struct {
 	nodeLister  cacheLister
 	synced      []cache.InformerSynced
 
-	attached      map[string]endpoint // pod key -> endpoint
-	iptablesDone  bool
+	attached map[string]endpoint // pod key -> endpoint
+	// iptablesFor is the set of workload ifindexes refdp's chains were last written
+	// for (nil: not written yet).
+	iptablesFor   []int
+	tookOver      bool // kube-proxy's rules removed (or found absent)
 	ready         bool
 	lastSyncError string
 }
@@ -144,6 +165,14 @@ func Run(ctx context.Context, cfg Config) error {
 	link, err := netlink.LinkByName(cfg.HostInterface)
 	if err != nil {
 		return fmt.Errorf("host interface %s: %w (set --host-interface)", cfg.HostInterface, err)
+	}
+	if cfg.Faults.Has(faults.CleanupBeforeAttach) {
+		// Out of order: until the programs are attached and the services written, a
+		// new connection finds neither kube-proxy's NAT nor the datapath's.
+		a.log.Warn("fault: removing kube-proxy's rules before attaching programs and writing services", "fault", faults.CleanupBeforeAttach)
+		if err := a.takeOver(ctx); err != nil {
+			a.log.Error("take over from kube-proxy", "err", err)
+		}
 	}
 	a.hostIdx = link.Attrs().Index
 	// NodePort traffic to a remote backend leaves by the interface it came in on; an
@@ -322,7 +351,10 @@ func (a *Agent) informersSynced() bool {
 	return len(a.nodeLister.List()) > 0
 }
 
-// sync applies one round: endpoints, then services, then iptables.
+// sync applies one round, steps 2 to 6 of the order in the package comment: endpoint
+// programs, refdp's iptables chains, services, the take-over from kube-proxy (once),
+// ready. A step that fails ends the round, so that no step runs before those it
+// relies on have succeeded.
 func (a *Agent) sync(ctx context.Context) error {
 	inSync := a.informersSynced()
 	a.mu.Lock()
@@ -340,15 +372,18 @@ func (a *Agent) sync(ctx context.Context) error {
 	if err := a.syncEndpoints(); err != nil {
 		return err
 	}
+	if err := a.syncIPTables(ctx); err != nil {
+		return err
+	}
 	var svcs []*corev1.Service
 	for _, o := range a.svcLister.List() {
 		svcs = append(svcs, o.(*corev1.Service))
 	}
-	var slices []*discoveryv1.EndpointSlice
+	var epSlices []*discoveryv1.EndpointSlice
 	for _, o := range a.sliceLister.List() {
-		slices = append(slices, o.(*discoveryv1.EndpointSlice))
+		epSlices = append(epSlices, o.(*discoveryv1.EndpointSlice))
 	}
-	st, err := a.syncer.Apply(services.Compute(svcs, slices, hostIPs), true)
+	st, err := a.syncer.Apply(services.Compute(svcs, epSlices, hostIPs), true)
 	if err != nil {
 		return err
 	}
@@ -362,11 +397,10 @@ func (a *Agent) sync(ctx context.Context) error {
 		n, err := a.purgeConntrack(st.Rebuilt)
 		a.log.Warn("fault: service rebuilt in place, its conntrack entries purged", "fault", faults.RebuildBackendsInPlace, "services", st.Rebuilt, "entries", n, "err", err)
 	}
-	if !a.iptablesDone {
-		if err := iptables.Ensure(ctx, iptables.Marks{Seen: bpf.MarkSeen, Fallthrough: bpf.MarkFallthrough, Mask: bpf.MarkMask}); err != nil {
+	if !a.tookOver {
+		if err := a.takeOver(ctx); err != nil {
 			return err
 		}
-		a.iptablesDone = true
 	}
 	if !a.ready {
 		a.ready = true
@@ -418,6 +452,61 @@ func (a *Agent) syncEndpoints() error {
 		delete(a.attached, key)
 	}
 	return errors.Join(errs...)
+}
+
+// syncIPTables (re)writes refdp's iptables chains when they were not written yet or
+// the set of workload interfaces changed since.
+func (a *Agent) syncIPTables(ctx context.Context) error {
+	ifindexes := make([]int, 0, len(a.attached))
+	for _, ep := range a.attached {
+		ifindexes = append(ifindexes, ep.ifindex)
+	}
+	slices.Sort(ifindexes)
+	if a.iptablesFor != nil && slices.Equal(ifindexes, a.iptablesFor) {
+		return nil
+	}
+	var names []string
+	for _, idx := range ifindexes {
+		l, err := netlink.LinkByIndex(idx)
+		if err != nil {
+			// Gone with its pod: the next round detaches it, and the set changes.
+			continue
+		}
+		names = append(names, l.Attrs().Name)
+	}
+	cfg := iptables.Config{
+		Marks:                      iptables.Marks{Seen: bpf.MarkSeen, Fallthrough: bpf.MarkFallthrough, Mask: bpf.MarkMask},
+		Workloads:                  names,
+		NoForwardFallthroughAccept: a.cfg.Faults.Has(faults.NoForwardFallthroughAccept),
+	}
+	if cfg.NoForwardFallthroughAccept && a.iptablesFor == nil {
+		a.log.Warn("fault: FORWARD has no accept for fallthrough packets", "fault", faults.NoForwardFallthroughAccept)
+	}
+	if err := iptables.Ensure(ctx, cfg); err != nil {
+		return err
+	}
+	a.log.Info("iptables written", "workloadInterfaces", names)
+	a.iptablesFor = ifindexes
+	return nil
+}
+
+// takeOver removes kube-proxy's rules from the node (see iptables.RemoveKubeProxy).
+// Linux conntrack stays: flows that predate the datapath keep their NAT there.
+func (a *Agent) takeOver(ctx context.Context) error {
+	if a.cfg.Faults.Has(faults.NoKubeProxyCleanup) {
+		a.log.Warn("fault: leaving kube-proxy's rules in place", "fault", faults.NoKubeProxyCleanup)
+		a.tookOver = true
+		return nil
+	}
+	removed, err := iptables.RemoveKubeProxy(ctx)
+	if len(removed) > 0 {
+		a.log.Info("removed kube-proxy's rules", "count", len(removed), "removed", removed)
+	}
+	if err != nil {
+		return fmt.Errorf("take over from kube-proxy: %w", err)
+	}
+	a.tookOver = true
+	return nil
 }
 
 // purgeConntrack deletes the conntrack entries of flows of the given services.

@@ -26,13 +26,29 @@ const (
 	// conntrack entries of its flows are dropped with it, so established flows to the
 	// backends that stay lose their NAT state.
 	RebuildBackendsInPlace = "rebuild-backends-in-place"
+	// NoForwardFallthroughAccept: FORWARD lacks the accept for fallthrough packets of
+	// flows the Linux stack's conntrack knows (INPUT keeps its own), so a flow that
+	// predates the datapath and is forwarded from the host interface back out of it,
+	// a NodePort flow to a remote backend, is dropped by a FORWARD policy DROP once
+	// kube-proxy's KUBE-FORWARD accept is gone (Calico PR 13778).
+	NoForwardFallthroughAccept = "no-forward-fallthrough-accept"
+	// NoKubeProxyCleanup: the agent never removes kube-proxy's rules, so kube-proxy's
+	// service chains stay on the node and keep NATing what the datapath passes on.
+	NoKubeProxyCleanup = "no-kube-proxy-cleanup"
+	// CleanupBeforeAttach: the agent removes kube-proxy's rules first thing at start,
+	// before its programs are attached and its services written, so that new
+	// connections meanwhile find neither kube-proxy's NAT nor the datapath's.
+	CleanupBeforeAttach = "cleanup-before-attach"
 )
 
 var known = map[string]string{
-	EagerServiceSync:       "service syncer applies before host IPs are known; host-IP discovery is late (Calico 12192)",
-	FlushNATOnStart:        "the agent empties the NAT frontend and backend maps when it starts",
-	UnpinnedConntrack:      "conntrack state does not survive an agent restart",
-	RebuildBackendsInPlace: "a backend change deletes and re-creates the service in place, conntrack entries included",
+	EagerServiceSync:           "service syncer applies before host IPs are known; host-IP discovery is late (Calico 12192)",
+	FlushNATOnStart:            "the agent empties the NAT frontend and backend maps when it starts",
+	UnpinnedConntrack:          "conntrack state does not survive an agent restart",
+	RebuildBackendsInPlace:     "a backend change deletes and re-creates the service in place, conntrack entries included",
+	NoForwardFallthroughAccept: "FORWARD has no accept for fallthrough packets of flows Linux conntrack knows (Calico PR 13778)",
+	NoKubeProxyCleanup:         "kube-proxy's rules are never removed",
+	CleanupBeforeAttach:        "kube-proxy's rules are removed at start, before programs are attached and services written",
 }
 
 // Set is a set of enabled faults.

@@ -1,19 +1,51 @@
-// Package iptables programs the node's iptables for the reference dataplane: accepts in
-// INPUT and FORWARD for packets its datapath has handled, and for fallthrough packets of
-// flows the Linux stack's conntrack knows (flows that predate the datapath). Rules are
-// applied in one iptables-restore transaction, as kube-proxy does.
+// Package iptables programs the node's iptables for the reference dataplane, and takes
+// the node over from kube-proxy (see RemoveKubeProxy).
+//
+// refdp owns two chains of the filter table, each jumped to by the first rule of its
+// built-in chain:
+//
+//	INPUT   -> REFDP-INPUT:   accept SEEN;
+//	                          accept FALLTHROUGH if ESTABLISHED,RELATED.
+//	FORWARD -> REFDP-FORWARD: accept SEEN;
+//	                          accept -i W and -o W for each workload interface W;
+//	                          accept FALLTHROUGH if ESTABLISHED,RELATED.
+//
+// SEEN marks a packet the datapath tracked (and NATed if needed). FALLTHROUGH marks a
+// mid-flow TCP packet the datapath does not know, typically of a flow that predates
+// it: the Linux stack's conntrack (and kube-proxy's NAT recorded in it) may know it,
+// hence the conntrack match. The layout mirrors Calico's in eBPF mode: a pre-existing
+// flow from or to a workload is accepted by the workload dispatch, and only a flow
+// that enters and leaves by the host interface (a NodePort flow to a remote backend)
+// depends on FORWARD's own fallthrough accept, the one Calico PR 13778 added.
+//
+// Every change is computed from one iptables-save and applied in one iptables-restore
+// --noflush transaction, as kube-proxy does: no packet sees a half-written chain.
 package iptables
 
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
+	"slices"
 	"strings"
 )
 
-// Chain is the chain the reference owns in the filter table.
-const Chain = "REFDP-ACCEPT"
+// Chains the reference owns in the filter table.
+const (
+	InputChain   = "REFDP-INPUT"
+	ForwardChain = "REFDP-FORWARD"
+	// legacyChain is the single chain earlier versions jumped to from both INPUT and
+	// FORWARD; Ensure and Remove delete it so that an upgraded node holds one layout.
+	legacyChain = "REFDP-ACCEPT"
+)
+
+// parents maps each chain of ours to the built-in chain that jumps to it first.
+var parents = []struct{ builtin, chain string }{
+	{"INPUT", InputChain},
+	{"FORWARD", ForwardChain},
+}
 
 // Marks are the datapath's packet marks (bpf.MarkSeen etc.), passed in so that this
 // package does not depend on the datapath's.
@@ -21,58 +53,214 @@ type Marks struct {
 	Seen, Fallthrough, Mask uint32
 }
 
-// Rules renders the iptables-restore input that (re)writes Chain.
-func Rules(m Marks) string {
+// Config is what the chains are rendered from.
+type Config struct {
+	Marks Marks
+	// Workloads are the host-side interfaces of the workloads the datapath manages.
+	// FORWARD accepts everything from and to them: their programs police them.
+	Workloads []string
+	// NoForwardFallthroughAccept leaves FORWARD without its fallthrough accept (the
+	// no-forward-fallthrough-accept fault; INPUT keeps its own).
+	NoForwardFallthroughAccept bool
+}
+
+// Rules renders the iptables-restore input that (re)writes the reference's chains.
+// Declaring a chain with --noflush flushes it, so the chains end up holding exactly
+// these rules. The jumps to them are Ensure's.
+func Rules(cfg Config) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "*filter\n:%s - [0:0]\n-F %s\n", Chain, Chain)
-	fmt.Fprintf(&b, "-A %s -m mark --mark %#x/%#x -m comment --comment \"refdp: handled by BPF\" -j ACCEPT\n", Chain, m.Seen, m.Mask)
-	fmt.Fprintf(&b, "-A %s -m mark --mark %#x/%#x -m conntrack --ctstate ESTABLISHED,RELATED -m comment --comment \"refdp: fallthrough of a flow the stack knows\" -j ACCEPT\n", Chain, m.Fallthrough, m.Mask)
+	b.WriteString("*filter\n")
+	writeChains(&b, cfg)
 	b.WriteString("COMMIT\n")
 	return b.String()
 }
 
-// Ensure writes Chain and makes it the first rule of INPUT and FORWARD.
-func Ensure(ctx context.Context, m Marks) error {
-	if err := run(ctx, []byte(Rules(m)), "iptables-restore", "--noflush", "-w", "5"); err != nil {
+func writeChains(b *strings.Builder, cfg Config) {
+	m := cfg.Marks
+	seen := func(chain string) {
+		fmt.Fprintf(b, "-A %s -m mark --mark %#x/%#x -m comment --comment \"refdp: handled by BPF\" -j ACCEPT\n", chain, m.Seen, m.Mask)
+	}
+	fallthroughAccept := func(chain string) {
+		fmt.Fprintf(b, "-A %s -m mark --mark %#x/%#x -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"refdp: fallthrough of a flow the stack knows\" -j ACCEPT\n", chain, m.Fallthrough, m.Mask)
+	}
+	fmt.Fprintf(b, ":%s - [0:0]\n:%s - [0:0]\n", InputChain, ForwardChain)
+
+	seen(InputChain)
+	fallthroughAccept(InputChain)
+
+	seen(ForwardChain)
+	// The workload dispatch. It comes before the fallthrough accept, as in Calico: a
+	// flow from or to a workload never needs the latter.
+	for _, w := range workloads(cfg.Workloads) {
+		fmt.Fprintf(b, "-A %s -i %s -m comment --comment \"refdp: from workload\" -j ACCEPT\n", ForwardChain, w)
+		fmt.Fprintf(b, "-A %s -o %s -m comment --comment \"refdp: to workload\" -j ACCEPT\n", ForwardChain, w)
+	}
+	if !cfg.NoForwardFallthroughAccept {
+		fallthroughAccept(ForwardChain)
+	}
+}
+
+// workloads returns names sorted and without duplicates, so that the same set always
+// renders the same rules.
+func workloads(names []string) []string {
+	out := slices.Clone(names)
+	slices.Sort(out)
+	return slices.Compact(out)
+}
+
+// Ensure writes the reference's chains and makes the jump to each the first rule of
+// its built-in chain, removing chains of earlier versions, in one transaction.
+func Ensure(ctx context.Context, cfg Config) error {
+	for _, w := range cfg.Workloads {
+		if w == "" || strings.ContainsAny(w, " \t\"\\") {
+			return fmt.Errorf("iptables: bad workload interface name %q", w)
+		}
+	}
+	d, err := save(ctx, "iptables-save", "-t", "filter")
+	if err != nil {
 		return err
 	}
-	for _, parent := range []string{"INPUT", "FORWARD"} {
-		if err := run(ctx, nil, "iptables", "-w", "5", "-C", parent, "-j", Chain); err == nil {
-			continue
-		}
-		if err := run(ctx, nil, "iptables", "-w", "5", "-I", parent, "1", "-j", Chain); err != nil {
-			return err
-		}
+	if err := restore(ctx, "iptables-restore", ensureScript(d, cfg)); err != nil {
+		return fmt.Errorf("write refdp's iptables chains: %w", err)
 	}
 	return nil
 }
 
-// Remove deletes the jumps and Chain. It is idempotent.
-func Remove(ctx context.Context) error {
-	for _, parent := range []string{"INPUT", "FORWARD"} {
-		for run(ctx, nil, "iptables", "-w", "5", "-D", parent, "-j", Chain) == nil {
+// ensureScript is Ensure's transaction, computed from the filter table d holds.
+func ensureScript(d *dump, cfg Config) string {
+	filter := d.table("filter")
+	if filter == nil {
+		filter = &table{name: "filter"}
+	}
+	var b strings.Builder
+	b.WriteString("*filter\n")
+	if filter.has(legacyChain) {
+		fmt.Fprintf(&b, ":%s - [0:0]\n", legacyChain)
+	}
+	writeChains(&b, cfg)
+	for _, p := range parents {
+		rules := filter.rulesOf(p.builtin)
+		jumps := 0
+		for _, r := range rules {
+			if r.target == p.chain {
+				jumps++
+			}
 		}
+		if jumps == 1 && rules[0].spec == "-j "+p.chain {
+			continue // in place
+		}
+		for _, r := range rules {
+			if r.target == p.chain {
+				fmt.Fprintf(&b, "-D %s %s\n", r.chain, r.spec)
+			}
+		}
+		fmt.Fprintf(&b, "-I %s 1 -j %s\n", p.builtin, p.chain)
 	}
-	if run(ctx, nil, "iptables", "-w", "5", "-L", Chain, "-n") != nil {
-		return nil
+	if filter.has(legacyChain) {
+		deleteJumps(&b, filter, legacyChain)
+		fmt.Fprintf(&b, "-X %s\n", legacyChain)
 	}
-	if err := run(ctx, nil, "iptables", "-w", "5", "-F", Chain); err != nil {
-		return err
-	}
-	return run(ctx, nil, "iptables", "-w", "5", "-X", Chain)
+	b.WriteString("COMMIT\n")
+	return b.String()
 }
 
-func run(ctx context.Context, stdin []byte, name string, args ...string) error {
+// Remove deletes the reference's chains and every jump to them, in one transaction.
+// It is idempotent.
+func Remove(ctx context.Context) error {
+	d, err := save(ctx, "iptables-save", "-t", "filter")
+	if err != nil {
+		return err
+	}
+	script := removeScript(d)
+	if script == "" {
+		return nil
+	}
+	if err := restore(ctx, "iptables-restore", script); err != nil {
+		return fmt.Errorf("remove refdp's iptables chains: %w", err)
+	}
+	return nil
+}
+
+// removeScript is Remove's transaction ("" when there is nothing to remove).
+func removeScript(d *dump) string {
+	filter := d.table("filter")
+	if filter == nil {
+		return ""
+	}
+	var ours []string
+	for _, c := range []string{InputChain, ForwardChain, legacyChain} {
+		if filter.has(c) {
+			ours = append(ours, c)
+		}
+	}
+	if len(ours) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("*filter\n")
+	for _, c := range ours {
+		fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+	}
+	for _, c := range ours {
+		deleteJumps(&b, filter, c)
+	}
+	for _, c := range ours {
+		fmt.Fprintf(&b, "-X %s\n", c)
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// deleteJumps writes a -D for every rule of t that jumps to chain from another chain
+// (the chain's own rules go with its flush).
+func deleteJumps(b *strings.Builder, t *table, chain string) {
+	for _, r := range t.rules {
+		if r.target == chain && r.chain != chain {
+			fmt.Fprintf(b, "-D %s %s\n", r.chain, r.spec)
+		}
+	}
+}
+
+// save runs an iptables-save and parses its output.
+func save(ctx context.Context, name string, args ...string) (*dump, error) {
+	out, err := run(ctx, nil, name, args...)
+	if err != nil {
+		return nil, err
+	}
+	d, err := parseSave(string(out))
+	if err != nil {
+		return nil, fmt.Errorf("parse %s output: %w", name, err)
+	}
+	return d, nil
+}
+
+// restore applies script with an iptables-restore that leaves every table and chain
+// the script does not name alone.
+func restore(ctx context.Context, name, script string) error {
+	_, err := run(ctx, []byte(script), name, "--noflush", "-w", "5")
+	if err != nil {
+		return fmt.Errorf("%w\ninput:\n%s", err, script)
+	}
+	return nil
+}
+
+// errNotFound is returned, wrapped, when a tool is not installed.
+var errNotFound = errors.New("not found")
+
+// run runs name and returns its standard output; its standard error goes into the
+// error (iptables-nft-save warns there about legacy tables, for one).
+func run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
+	if _, err := exec.LookPath(name); err != nil {
+		return nil, fmt.Errorf("%s %w: install iptables and nftables (`make deps`)", name, errNotFound)
+	}
 	cmd := exec.CommandContext(ctx, name, args...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		if _, lerr := exec.LookPath(name); lerr != nil {
-			return fmt.Errorf("%s not found: install iptables (`make deps`)", name)
-		}
-		return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
 	}
-	return nil
+	return stdout.Bytes(), nil
 }
