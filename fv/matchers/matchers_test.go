@@ -573,3 +573,34 @@ func TestHaveNoVerdicts(t *testing.T) {
 		contains: []string{"reported only up to"},
 	}})
 }
+
+// Every outcome a connect probe can record has its kind, and wrong-backend is only a
+// reply from a backend the check did not allow.
+func TestAttemptKind(t *testing.T) {
+	for o, want := range map[probe.Outcome]matchers.Kind{
+		probe.OK:          "",
+		probe.Refused:     matchers.KindReset,
+		probe.Reset:       matchers.KindReset,
+		probe.Timeout:     matchers.KindTimeout,
+		probe.Unreachable: matchers.KindUnreachable,
+		probe.NoReply:     matchers.KindNoReply,
+		probe.WrongReply:  matchers.KindWrongReply,
+		probe.Skipped:     matchers.KindSkipped,
+		probe.LocalError:  matchers.KindLocalError,
+	} {
+		e := probe.Event{Kind: probe.KindAttempt, Outcome: o}
+		if got := matchers.AttemptKind(e, []string{"pod-a"}); o != probe.OK && got != want {
+			t.Errorf("AttemptKind(%s) = %q, want %q", o, got, want)
+		}
+		e.Backend = "pod-a"
+		if o == probe.OK && matchers.AttemptKind(e, []string{"pod-a"}) != "" {
+			t.Errorf("an answer from an allowed backend is no failure")
+		}
+	}
+	if got := matchers.AttemptKind(probe.Event{Outcome: probe.OK, Backend: "pod-z"}, []string{"pod-a"}); got != matchers.KindWrongBackend {
+		t.Errorf("an answer from pod-z when pod-a is allowed: %q, want wrong-backend", got)
+	}
+	if got := matchers.AttemptKind(probe.Event{Outcome: probe.Unreachable}, []string{"pod-a"}); got == matchers.KindWrongBackend {
+		t.Error("an unreachable attempt is not a wrong backend")
+	}
+}
