@@ -49,6 +49,11 @@ type Budgets struct {
 	// EndpointSlices list its backends (implementations program asynchronously, and
 	// that is not what the specs measure).
 	Programmed time.Duration `budget:"programmed"`
+	// SwitchMaxGap is the longest a stream may stall while a node switches from
+	// kube-proxy to the implementation; SwitchSettle is how long after ready a switch
+	// is watched (streams must still be alive then).
+	SwitchMaxGap time.Duration `budget:"switch-max-gap"`
+	SwitchSettle time.Duration `budget:"switch-settle"`
 	// WarmStreak is how many new connections in a row must reach the right backend for
 	// a flow to count as programmed; WarmInterval is their period.
 	WarmStreak   int           `budget:"warm-streak"`
@@ -73,6 +78,8 @@ var DefaultBudgets = Budgets{
 	EndWithin:       2 * time.Second,
 	Ready:           60 * time.Second,
 	Programmed:      10 * time.Second,
+	SwitchMaxGap:    time.Second,
+	SwitchSettle:    5 * time.Second,
 	WarmStreak:      20,
 	WarmInterval:    10 * time.Millisecond,
 	ControlInterval: 10 * time.Millisecond,

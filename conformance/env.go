@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -37,11 +38,22 @@ type Traffic struct {
 	Probe probe.Config
 }
 
-// Check is an invariant a scenario judges over a window: in steady state (a
-// precondition) or across the transition.
+// Check is an invariant a scenario judges: in steady state (a precondition) or
+// across the transition. A Matcher judges a window of the timeline; State, instead,
+// judges the world at the moment the check runs (the rules a node holds, its
+// conntrack table), black-box, from the node.
 type Check struct {
 	Name    string
 	Matcher matchers.Matcher
+	State   func(ctx context.Context, e *Env) (StateResult, error)
+}
+
+// StateResult is what a State check measured: its figures and, when the invariant
+// does not hold, the violation and its kind.
+type StateResult struct {
+	Figures   []matchers.Figure
+	Violation string
+	Kind      FailureKind
 }
 
 // Scenario is one round of a spec, run by Env.Run in this order: start Traffic; let
@@ -54,6 +66,8 @@ type Scenario struct {
 	Preconditions []Check
 	Transition    []Step
 	Checks        []Check
+	// Settle overrides the settle budget for this scenario (e.g. switch-settle).
+	Settle time.Duration
 	// Verdicts polls the implementation's policy verdicts (the driver's `events`)
 	// into the timeline from the start of the traffic to the end of the settle time,
 	// for checks such as matchers.HaveNoVerdicts.
@@ -72,9 +86,11 @@ type CheckResult struct {
 	Pre     bool              `json:"precondition,omitempty"`
 }
 
-// errEnvironment marks an error of the environment (a control probe failed, an
-// instrument was blind): the implementation is not charged.
-var errEnvironment = errors.New("environment error")
+// ErrEnvironment marks an error of the environment (a control probe failed, an
+// instrument was blind, the world before a transition is not what the spec needs):
+// the implementation is not charged. A spec wraps it (fmt.Errorf("%w: ...")) for a
+// state of the world it set up and found wrong.
+var ErrEnvironment = errors.New("environment error")
 
 // errPrecondition marks a failed precondition: the implementation did not carry the
 // traffic the spec needs before its transition.
@@ -104,7 +120,7 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 		return err
 	}
 	for _, c := range sc.Preconditions {
-		ok, err := e.check(c, steady, true)
+		ok, err := e.check(ctx, c, steady, true)
 		if err != nil {
 			return err
 		}
@@ -118,7 +134,8 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 			return fmt.Errorf("step %q: %w", st.Name, err)
 		}
 	}
-	if err := sleep(ctx, e.Budgets.Settle); err != nil {
+	settle := cmp.Or(sc.Settle, e.Budgets.Settle)
+	if err := sleep(ctx, settle); err != nil {
 		return err
 	}
 	if stopVerdicts != nil {
@@ -129,14 +146,14 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 		}
 	}
 	if err := e.World.StopProbes(ctx); err != nil {
-		return fmt.Errorf("%w: %w", errEnvironment, err)
+		return fmt.Errorf("%w: %w", ErrEnvironment, err)
 	}
-	win, err := e.transitionWindow(from)
+	win, err := e.transitionWindow(from, settle)
 	if err != nil {
 		return err
 	}
 	for _, c := range sc.Checks {
-		if _, err := e.check(c, win, false); err != nil {
+		if _, err := e.check(ctx, c, win, false); err != nil {
 			return err
 		}
 	}
@@ -159,7 +176,7 @@ func (e *Env) steadyState(ctx context.Context, from monotime.Time) (timeline.Win
 
 // transitionWindow spans the scenario's transition events: from Lead before the
 // first to Settle after the last.
-func (e *Env) transitionWindow(from monotime.Time) (timeline.Window, error) {
+func (e *Env) transitionWindow(from monotime.Time, settle time.Duration) (timeline.Window, error) {
 	var first, last monotime.Time
 	for _, t := range e.World.Timeline.Transitions() {
 		if t.Time < from {
@@ -173,12 +190,15 @@ func (e *Env) transitionWindow(from monotime.Time) (timeline.Window, error) {
 	if first == 0 {
 		return timeline.Window{}, errors.New("the transition recorded no event on the timeline: a scenario needs at least one step that records one")
 	}
-	return e.World.Window(from, first.Add(-e.Budgets.Lead), last.Add(e.Budgets.Settle)), nil
+	return e.World.Window(from, first.Add(-e.Budgets.Lead), last.Add(settle)), nil
 }
 
 // check evaluates c on win with the budgets as the matcher's defaults and records the
 // result. A blind instrument is an environment error, returned as such.
-func (e *Env) check(c Check, win timeline.Window, pre bool) (bool, error) {
+func (e *Env) check(ctx context.Context, c Check, win timeline.Window, pre bool) (bool, error) {
+	if c.State != nil {
+		return e.checkState(ctx, c, pre)
+	}
 	m := c.Matcher.WithDefaults(matchers.MaxBlind(e.Budgets.MaxBlind), matchers.Within(e.Budgets.AliveWithin))
 	ok, err := m.Match(win)
 	res := m.Result()
@@ -187,13 +207,30 @@ func (e *Env) check(c Check, win timeline.Window, pre bool) (bool, error) {
 		cr.Message = err.Error()
 		e.checks = append(e.checks, cr)
 		if errors.Is(err, matchers.ErrInstrument) {
-			return false, fmt.Errorf("%w: check %s: %w", errEnvironment, c.Name, err)
+			return false, fmt.Errorf("%w: check %s: %w", ErrEnvironment, c.Name, err)
 		}
 		return false, fmt.Errorf("check %s: %w", c.Name, err)
 	}
 	if !ok {
 		cr.Message = m.FailureMessage(win)
 		cr.Kind = res.Kind
+		if pre {
+			cr.Kind = matchers.KindPrecondition
+		}
+	}
+	e.checks = append(e.checks, cr)
+	return cr.Passed, nil
+}
+
+// checkState runs a State check and records its result.
+func (e *Env) checkState(ctx context.Context, c Check, pre bool) (bool, error) {
+	r, err := c.State(ctx, e)
+	if err != nil {
+		return false, fmt.Errorf("check %s: %w", c.Name, err)
+	}
+	cr := CheckResult{Name: c.Name, Passed: r.Violation == "", Verdict: matchers.Pass, Figures: r.Figures, Pre: pre, Window: "at " + time.Now().UTC().Format("15:04:05.000")}
+	if !cr.Passed {
+		cr.Verdict, cr.Kind, cr.Message = matchers.Violation, r.Kind, r.Violation
 		if pre {
 			cr.Kind = matchers.KindPrecondition
 		}

@@ -74,9 +74,18 @@ const (
 // are the matchers' own (matchers.Kind); the runner adds KindNotReady.
 type FailureKind = matchers.Kind
 
-// KindNotReady: the agent did not report ready within the Ready budget. The
-// implementation was judged and did not come up.
-const KindNotReady FailureKind = "not-ready"
+// Kinds the runner and the State checks add to the matchers' own.
+const (
+	// KindNotReady: the agent did not report ready within the Ready budget. The
+	// implementation was judged and did not come up.
+	KindNotReady FailureKind = "not-ready"
+	// KindRulesLeft: rules a hand-over must remove (kube-proxy's) are still there.
+	KindRulesLeft FailureKind = "rules-left"
+	// KindRulesRemoved: rules that are not the implementation's were removed.
+	KindRulesRemoved FailureKind = "rules-removed"
+	// KindNotFlowing: a Service does not carry new connections when it must.
+	KindNotFlowing FailureKind = "not-flowing"
+)
 
 // claims checks what the implementation claims: known profiles, and each with its
 // required features.

@@ -227,7 +227,7 @@ func (r *Runner) setUp(ctx context.Context, w *harness.World, su Setup) error {
 		case slices.Contains(su.KubeProxy, i):
 			r.cfg.Logf("starting the real kube-proxy on %s", n.Name())
 			if err := w.StartKubeProxy(ctx, n); err != nil {
-				return fmt.Errorf("%w: %w", errEnvironment, err)
+				return fmt.Errorf("%w: %w", ErrEnvironment, err)
 			}
 		case su.runsImplementation(i):
 			impl = append(impl, n)
@@ -250,7 +250,7 @@ func (r *Runner) judge(res *Result, err, controlErr error) {
 		res.Result, res.Reason = Errored, "environment: the control flow (suite to external client, crossing no dataplane) failed, so nothing is charged to the implementation: "+controlErr.Error()
 	case err != nil && driver.IsDriverError(err):
 		res.Result, res.Reason = Errored, err.Error()
-	case err != nil && errors.Is(err, errEnvironment):
+	case err != nil && errors.Is(err, ErrEnvironment):
 		res.Result, res.Reason = Errored, err.Error()
 	case err != nil && errors.Is(err, errPrecondition), err != nil && errors.Is(err, workloads.ErrNotFlowing):
 		res.Result, res.Kind = Failed, matchers.KindPrecondition

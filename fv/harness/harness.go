@@ -183,12 +183,27 @@ const (
 	KubeProxyExited   = "kube-proxy-exited"
 )
 
+// KubeProxyDir is where, under a node's state directory, the kube-proxy that runs
+// before a switch keeps its files: apart from the implementation's, which may be a
+// kube-proxy too.
+const KubeProxyDir = "kube-proxy-before-switch"
+
 // StartKubeProxy runs the real kube-proxy (iptables mode) on n in place of the
-// implementation and waits until it has synced, recording kube-proxy-ready.
+// implementation, with the node's FORWARD policy DROP (so that kube-proxy's own
+// KUBE-FORWARD accept is what carries forwarded flows, as on a node where Docker or
+// the distribution set that policy), and waits until it has synced, recording
+// kube-proxy-ready.
 func (w *World) StartKubeProxy(ctx context.Context, n topologies.Node) error {
 	f, err := kubeproxy.ForNode(n, kubeproxy.IPTables)
 	if err != nil {
 		return fmt.Errorf("kube-proxy on %s: %w", n.Name(), err)
+	}
+	f.Dir = filepath.Join(f.Dir, KubeProxyDir)
+	if err := os.MkdirAll(f.Dir, 0o755); err != nil {
+		return fmt.Errorf("kube-proxy on %s: %w", n.Name(), err)
+	}
+	if out, err := topologies.Output(ctx, n, "iptables", "-w", "5", "-P", "FORWARD", "DROP"); err != nil {
+		return fmt.Errorf("FORWARD policy DROP on %s: %w: %s", n.Name(), err, out)
 	}
 	w.mu.Lock()
 	if w.kubeProxy == nil {
