@@ -12,12 +12,15 @@ import (
 
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/harness"
+	"github.com/dpconform/dpconform/fv/kubeproxy"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
 	"github.com/dpconform/dpconform/fv/workloads"
+	"github.com/dpconform/dpconform/internal/privileged"
 	"github.com/dpconform/dpconform/reference/faults"
 	"github.com/dpconform/dpconform/topologies"
+	"github.com/dpconform/dpconform/topologies/controlplane"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
 
@@ -178,4 +181,44 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 			))
 		}, SpecTimeout(2*time.Minute))
 	})
+
+	// The take-over from the real kube-proxy: the agent removes kube-proxy's rules as
+	// kube-proxy wrote them, and only those. What the switch does to traffic is the
+	// ModeSwitch profile's (conformance); here, services keep working after it.
+	It("removes a real kube-proxy's rules when it takes a node over", func(ctx SpecContext) {
+		bins, _ := controlplane.FindBinaries()
+		if err := bins.HasKubeProxy(); err != nil {
+			if privileged.Required() {
+				Fail(err.Error())
+			}
+			Skip("SKIPPED: " + err.Error())
+		}
+		Expect(w.Stop(ctx, nodeA)).To(Succeed())
+		Expect(w.Driver.Cleanup(ctx, harness.NodeEnv(nodeA))).To(Succeed())
+		DeferCleanup(func(ctx SpecContext) {
+			out, err := topologies.Output(ctx, nodeA, "iptables", "-w", "5", "-P", "FORWARD", "ACCEPT")
+			Expect(err).NotTo(HaveOccurred(), "FORWARD policy back to ACCEPT: %s", out)
+		}, NodeTimeout(time.Minute))
+		Expect(w.StartKubeProxy(ctx, nodeA)).To(Succeed())
+		f, err := kubeproxy.ForNode(nodeA, kubeproxy.IPTables)
+		Expect(err).NotTo(HaveOccurred())
+		f.Dir = filepath.Join(f.Dir, harness.KubeProxyDir)
+		before, err := f.Rules(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(before).To(ContainElements("iptables nat KUBE-SERVICES", "iptables nat KUBE-NODEPORTS", "iptables filter KUBE-FORWARD", HavePrefix("iptables nat KUBE-SVC-"), HavePrefix("iptables nat KUBE-SEP-")))
+
+		Expect(w.Switch(ctx, nodeA)).To(Succeed())
+		after, err := f.Rules(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		// kubelet's chains stay (kube-proxy only duplicates them), and so do the
+		// nfacct counters, which are no rules.
+		kept := `^(nfacct \S+|ip6?tables \S+ KUBE-(MARK-\S+|FIREWALL|KUBELET-CANARY|IPTABLES-HINT))$`
+		for _, r := range after {
+			Expect(r).To(MatchRegexp(kept), "left after the take-over (all: %q)", after)
+		}
+		dump, err := topologies.Output(ctx, nodeA, "iptables-save")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(dump)).To(And(ContainSubstring("-j REFDP-FORWARD"), ContainSubstring(":FORWARD DROP")))
+		connectAll(ctx, 20)
+	}, SpecTimeout(3*time.Minute))
 })
