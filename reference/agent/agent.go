@@ -29,8 +29,10 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -504,6 +506,10 @@ func (a *Agent) takeOver(ctx context.Context) error {
 	}
 	if err != nil {
 		return fmt.Errorf("take over from kube-proxy: %w", err)
+	}
+	if a.cfg.Faults.Has(faults.FlushConntrackOnTakeover) && len(removed) > 0 {
+		out, err := exec.CommandContext(ctx, "conntrack", "-F").CombinedOutput()
+		a.log.Warn("fault: flushed the Linux conntrack table", "fault", faults.FlushConntrackOnTakeover, "out", strings.TrimSpace(string(out)), "err", err)
 	}
 	a.tookOver = true
 	return nil

@@ -39,6 +39,10 @@ const (
 	// before its programs are attached and its services written, so that new
 	// connections meanwhile find neither kube-proxy's NAT nor the datapath's.
 	CleanupBeforeAttach = "cleanup-before-attach"
+	// FlushConntrackOnTakeover: taking over from kube-proxy, the agent also "cleans up"
+	// the Linux conntrack table kube-proxy's NAT filled, so every flow that predates
+	// the datapath loses the NAT state its next packets need.
+	FlushConntrackOnTakeover = "flush-conntrack-on-takeover"
 )
 
 var known = map[string]string{
@@ -49,6 +53,7 @@ var known = map[string]string{
 	NoForwardFallthroughAccept: "FORWARD has no accept for fallthrough packets of flows Linux conntrack knows (Calico PR 13778)",
 	NoKubeProxyCleanup:         "kube-proxy's rules are never removed",
 	CleanupBeforeAttach:        "kube-proxy's rules are removed at start, before programs are attached and services written",
+	FlushConntrackOnTakeover:   "taking over from kube-proxy flushes the Linux conntrack table its NAT filled",
 }
 
 // Set is a set of enabled faults.

@@ -81,7 +81,7 @@ func info(context.Context) (driver.Info, error) {
 	return driver.Info{
 		Name:     "refdp",
 		Version:  version,
-		Profiles: []string{"Core"},
+		Profiles: []string{"Core", "ModeSwitch"},
 		Features: []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP"},
 		CNI:      json.RawMessage(cniConfig),
 		// refdp has one mode, its default; a start may still name it.
