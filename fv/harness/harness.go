@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -189,10 +190,10 @@ const (
 const KubeProxyDir = "kube-proxy-before-switch"
 
 // StartKubeProxy runs the real kube-proxy (iptables mode) on n in place of the
-// implementation, with the node's FORWARD policy DROP (so that kube-proxy's own
-// KUBE-FORWARD accept is what carries forwarded flows, as on a node where Docker or
-// the distribution set that policy), and waits until it has synced, recording
-// kube-proxy-ready.
+// implementation, with the node's FORWARD policy DROP and accepts only for its own
+// pods' traffic (LocalPodsChain), so that kube-proxy's KUBE-FORWARD accept is what
+// carries flows that enter and leave by the host interface; and waits until it has
+// synced, recording kube-proxy-ready.
 func (w *World) StartKubeProxy(ctx context.Context, n topologies.Node) error {
 	f, err := kubeproxy.ForNode(n, kubeproxy.IPTables)
 	if err != nil {
@@ -202,8 +203,8 @@ func (w *World) StartKubeProxy(ctx context.Context, n topologies.Node) error {
 	if err := os.MkdirAll(f.Dir, 0o755); err != nil {
 		return fmt.Errorf("kube-proxy on %s: %w", n.Name(), err)
 	}
-	if out, err := topologies.Output(ctx, n, "iptables", "-w", "5", "-P", "FORWARD", "DROP"); err != nil {
-		return fmt.Errorf("FORWARD policy DROP on %s: %w: %s", n.Name(), err, out)
+	if err := localPodsOnly(ctx, n); err != nil {
+		return err
 	}
 	w.mu.Lock()
 	if w.kubeProxy == nil {
@@ -220,6 +221,32 @@ func (w *World) StartKubeProxy(ctx context.Context, n topologies.Node) error {
 		return fmt.Errorf("kube-proxy on %s: %w", n.Name(), err)
 	}
 	w.Timeline.Record(KubeProxyReady, n.Name())
+	return nil
+}
+
+// LocalPodsChain is the chain of the filter table that, before a switch, accepts
+// forwarded traffic from and to the node's own pods, as the CNI or dataplane of a
+// node with kube-proxy does (Calico's FORWARD accepts only its workloads' interfaces).
+// Traffic that enters and leaves by the host interface, a NodePort flow to a backend
+// on another node, is then carried only by kube-proxy's KUBE-FORWARD accept: the
+// traffic of Calico PR 13778.
+const LocalPodsChain = "DPC-LOCAL-PODS"
+
+// localPodsOnly sets n's FORWARD policy DROP and accepts forwarded traffic of the
+// node's pods (its pod CIDR) in LocalPodsChain.
+func localPodsOnly(ctx context.Context, n topologies.Node) error {
+	cidr := n.PodCIDR().String()
+	for _, args := range [][]string{
+		{"-P", "FORWARD", "DROP"},
+		{"-N", LocalPodsChain},
+		{"-A", LocalPodsChain, "-s", cidr, "-m", "comment", "--comment", "dpconform: the node's pods", "-j", "ACCEPT"},
+		{"-A", LocalPodsChain, "-d", cidr, "-m", "comment", "--comment", "dpconform: the node's pods", "-j", "ACCEPT"},
+		{"-A", "FORWARD", "-j", LocalPodsChain},
+	} {
+		if out, err := topologies.Output(ctx, n, "iptables", append([]string{"-w", "5"}, args...)...); err != nil {
+			return fmt.Errorf("FORWARD on %s (iptables %s): %w: %s", n.Name(), strings.Join(args, " "), err, out)
+		}
+	}
 	return nil
 }
 

@@ -1,0 +1,260 @@
+package specs
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+
+	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/nodestate"
+	"github.com/dpconform/dpconform/fv/workloads"
+	"github.com/dpconform/dpconform/topologies"
+)
+
+// The ModeSwitch profile: node-a runs the real kube-proxy (iptables mode, FORWARD
+// policy DROP) and node-b the implementation; flows are opened through kube-proxy,
+// then node-a is switched over (kube-proxy stops and leaves its rules and Linux
+// conntrack, the implementation starts). Facts: Calico PR 13778.
+
+// switchSetup puts kube-proxy on node-a (the node under switch).
+var switchSetup = conformance.Setup{KubeProxy: []int{0}}
+
+// switchStream is one of the four stream specs: which Core service flow it holds.
+type switchStream struct {
+	id, what string
+	flow     int // index in workloads.Core.ServiceFlows
+	features []conformance.Feature
+	catches  []conformance.FaultCase
+}
+
+// survive are the kinds by which a stream shows it did not survive a transition.
+var survive = []conformance.FailureKind{matchers.KindReset, matchers.KindGap, matchers.KindNotAlive}
+
+func init() {
+	flushCT := conformance.FaultCase{Fault: "flush-conntrack-on-takeover", Kinds: survive}
+	for _, s := range []switchStream{
+		{"SWITCH-CLUSTERIP-LOCAL", "a pod to a ClusterIP whose backend is on the same node", 0,
+			nil, []conformance.FaultCase{flushCT}},
+		{"SWITCH-CLUSTERIP-REMOTE", "a pod to a ClusterIP whose backend is on another node", 1,
+			nil, []conformance.FaultCase{flushCT}},
+		{"SWITCH-NODEPORT-LOCAL", "the external client to the node's NodePort, backend on the node", 2,
+			nil, []conformance.FaultCase{flushCT}},
+		// Seed 2: it enters and leaves on eth0, so no workload accept covers it, and
+		// once KUBE-FORWARD is gone only a fallthrough accept in FORWARD does.
+		{"SWITCH-NODEPORT-REMOTE", "the external client to the node's NodePort, backend on another node", 3,
+			[]conformance.Feature{conformance.FeatureNodePortRemoteBackend},
+			[]conformance.FaultCase{{Fault: "no-forward-fallthrough-accept", Kinds: survive}, flushCT}},
+	} {
+		conformance.Register(conformance.Spec{
+			ID:          s.id,
+			Profile:     conformance.ModeSwitch,
+			Features:    append([]conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort}, s.features...),
+			Description: "A long-lived TCP stream from " + s.what + ", opened through kube-proxy, survives the node's switch from kube-proxy to the implementation: no reset, no gap over budget, alive after.",
+			Catches:     s.catches,
+			Setup:       switchSetup,
+			Body:        switchStreamBody(s.flow),
+		})
+	}
+	conformance.Register(conformance.Spec{
+		ID:          "SWITCH-NEW-CONNECTIONS",
+		Profile:     conformance.ModeSwitch,
+		Features:    []conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort, conformance.FeatureNodePortRemoteBackend},
+		Description: "New TCP connections every 2 ms (outside to the node's NodePorts, a pod to ClusterIPs; local and remote backends) all succeed while the node switches from kube-proxy to the implementation.",
+		Catches: []conformance.FaultCase{
+			{Fault: "cleanup-before-attach", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindTimeout, matchers.KindUnreachable}},
+		},
+		Setup: switchSetup,
+		Body:  switchNewConnections,
+	})
+	conformance.Register(conformance.Spec{
+		ID:          "SWITCH-CLEANUP",
+		Profile:     conformance.ModeSwitch,
+		Features:    []conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort},
+		Description: "After the switch from kube-proxy, kube-proxy's service chains and the jumps to them are gone from the node, rules that are not kube-proxy's are untouched, and every Service takes new connections.",
+		Catches: []conformance.FaultCase{
+			{Fault: "no-kube-proxy-cleanup", Kinds: []conformance.FailureKind{conformance.KindRulesLeft}},
+		},
+		Setup: switchSetup,
+		Body:  switchCleanup,
+	})
+}
+
+func switchStreamBody(flow int) func(context.Context, *conformance.Env) error {
+	return func(ctx context.Context, e *conformance.Env) error {
+		f, err := workloads.DeployCore(ctx, e.World, e.Warm())
+		if err != nil {
+			return err
+		}
+		fl := f.ServiceFlows(e.Topo)[flow]
+		backend := f.Local
+		if fl.Backend == f.Remote.Name() {
+			backend = f.Remote
+		}
+		only := matchers.Probes(fl.Name)
+		return e.Run(ctx, conformance.Scenario{
+			Traffic: []conformance.Traffic{{From: fl.From, Probe: e.Stream(fl.Name, fl.Target, streamsPerFlow)}},
+			Preconditions: []conformance.Check{
+				{Name: "the streams carry echoes through kube-proxy before the switch", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, only)},
+				forwardPolicyDrop(f.NodeA),
+				throughKubeProxy(f.NodeA, fl, backend, streamsPerFlow),
+			},
+			Transition: []conformance.Step{conformance.Switch(f.NodeA)},
+			Settle:     e.Budgets.SwitchSettle,
+			Checks: []conformance.Check{
+				handedOver(f.NodeA),
+				{Name: "no stream reset across the switch", Matcher: matchers.HaveNoResets(only)},
+				{Name: "no stream gap over budget across the switch", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.SwitchMaxGap, only)},
+				{Name: "every stream alive after the switch", Matcher: matchers.BeAliveAtEnd(only)},
+			},
+		})
+	}
+}
+
+func switchNewConnections(ctx context.Context, e *conformance.Env) error {
+	f, err := workloads.DeployCore(ctx, e.World, e.Warm())
+	if err != nil {
+		return err
+	}
+	sc := conformance.Scenario{
+		Preconditions: []conformance.Check{forwardPolicyDrop(f.NodeA)},
+		Transition:    []conformance.Step{conformance.Switch(f.NodeA)},
+		Settle:        e.Budgets.SwitchSettle,
+	}
+	for _, fl := range f.ServiceFlows(e.Topo) {
+		noneFail := func() matchers.Matcher {
+			return matchers.HaveNoFailedAttempts(matchers.Probes(fl.Name), matchers.Backends(fl.Backend))
+		}
+		sc.Traffic = append(sc.Traffic, conformance.Traffic{From: fl.From, Probe: e.Connect(fl.Name, fl.Target)})
+		sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "new connections reach " + fl.Backend + " on " + fl.Name + " through kube-proxy", Matcher: noneFail()})
+		sc.Checks = append(sc.Checks, conformance.Check{Name: "no failed new connection on " + fl.Name + " across the switch", Matcher: noneFail()})
+	}
+	sc.Checks = append(sc.Checks, handedOver(f.NodeA))
+	return e.Run(ctx, sc)
+}
+
+func switchCleanup(ctx context.Context, e *conformance.Env) error {
+	f, err := workloads.DeployCore(ctx, e.World, e.Warm())
+	if err != nil {
+		return err
+	}
+	if err := nodestate.Plant(ctx, f.NodeA); err != nil {
+		return err
+	}
+	return e.Run(ctx, conformance.Scenario{
+		Preconditions: []conformance.Check{
+			forwardPolicyDrop(f.NodeA),
+			{Name: "kube-proxy has programmed node-a", State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
+				left, err := nodestate.KubeProxyRules(ctx, f.NodeA)
+				if err != nil {
+					return conformance.StateResult{}, err
+				}
+				if len(left) == 0 {
+					return conformance.StateResult{}, fmt.Errorf("%w: kube-proxy left no service rules on %s before the switch: the hand-over cannot be judged", conformance.ErrEnvironment, f.NodeA.Name())
+				}
+				return conformance.StateResult{Figures: []matchers.Figure{count("kube_proxy_rules", len(left), nil, "rules of kube-proxy's on node-a before the switch")}}, nil
+			}},
+		},
+		Transition: []conformance.Step{conformance.Switch(f.NodeA)},
+		Settle:     e.Budgets.SwitchSettle,
+		Checks: []conformance.Check{
+			handedOver(f.NodeA),
+			{Name: "rules that are not kube-proxy's are untouched", State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
+				missing, err := nodestate.MissingPlanted(ctx, f.NodeA)
+				if err != nil {
+					return conformance.StateResult{}, err
+				}
+				r := conformance.StateResult{Figures: []matchers.Figure{count("planted_rules_removed", len(missing), budgetZero(), fmt.Sprintf("of %d rules the suite planted, removed", len(nodestate.Planted)))}}
+				if len(missing) > 0 {
+					r.Kind, r.Violation = conformance.KindRulesRemoved, "the switch removed rules that are not kube-proxy's:\n  "+strings.Join(missing, "\n  ")
+				}
+				return r, nil
+			}},
+			{Name: "every Service takes new connections after the switch", State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
+				var failed []string
+				for _, fl := range f.ServiceFlows(e.Topo) {
+					fl.Name = "after-switch-" + fl.Name
+					if err := workloads.WaitFlowing(ctx, e.World, fl, e.Warm()); err != nil {
+						failed = append(failed, err.Error())
+					}
+				}
+				r := conformance.StateResult{Figures: []matchers.Figure{count("services_not_flowing", len(failed), budgetZero(), "of 4 service flows, not carrying new connections")}}
+				if len(failed) > 0 {
+					r.Kind, r.Violation = conformance.KindNotFlowing, strings.Join(failed, "\n")
+				}
+				return r, nil
+			}},
+		},
+	})
+}
+
+// handedOver judges that the switch happened: kube-proxy's service chains and the
+// jumps to them are gone from the node once it has settled. Until they are, kube-proxy
+// still carries the node and nothing about the hand-over is shown (Calico's seed-2 bug
+// appears only once KUBE-FORWARD is deleted), so every switch spec checks it.
+func handedOver(n topologies.Node) conformance.Check {
+	return conformance.Check{Name: "kube-proxy's service chains and the jumps to them are gone", State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
+		left, err := nodestate.KubeProxyRules(ctx, n)
+		if err != nil {
+			return conformance.StateResult{}, err
+		}
+		r := conformance.StateResult{Figures: []matchers.Figure{count("kube_proxy_rules_left", len(left), budgetZero(), "rules of kube-proxy's left on "+n.Name()+" (KUBE-MARK-*, kubelet's KUBE-FIREWALL may stay)")}}
+		if len(left) > 0 {
+			r.Kind, r.Violation = conformance.KindRulesLeft, fmt.Sprintf("%d of kube-proxy's rules are still on %s %s after ready:\n  %s",
+				len(left), n.Name(), e.Budgets.SwitchSettle, strings.Join(left, "\n  "))
+		}
+		return r, nil
+	}}
+}
+
+// forwardPolicyDrop proves the node's FORWARD policy is DROP before the switch: that
+// is what makes kube-proxy's KUBE-FORWARD accept (and, after it, the
+// implementation's) matter.
+func forwardPolicyDrop(n topologies.Node) conformance.Check {
+	return conformance.Check{Name: n.Name() + "'s FORWARD policy is DROP", State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
+		p, err := nodestate.ForwardPolicy(ctx, n)
+		if err != nil {
+			return conformance.StateResult{}, err
+		}
+		if p != "DROP" {
+			return conformance.StateResult{}, fmt.Errorf("%w: %s's FORWARD policy is %s, the switch specs need DROP", conformance.ErrEnvironment, n.Name(), p)
+		}
+		return conformance.StateResult{}, nil
+	}}
+}
+
+// throughKubeProxy proves the flows run through kube-proxy's DNAT: Linux conntrack on
+// the node holds at least want established flows to the flow's target whose replies
+// come from the backend.
+func throughKubeProxy(n topologies.Node, fl workloads.Flow, backend topologies.Pod, want int) conformance.Check {
+	return conformance.Check{Name: "the streams run through kube-proxy's DNAT on " + n.Name(), State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
+		host, port, err := net.SplitHostPort(fl.Target)
+		if err != nil {
+			return conformance.StateResult{}, err
+		}
+		p, _ := strconv.Atoi(port)
+		flows, err := nodestate.ConntrackTo(ctx, n, host, p)
+		if err != nil {
+			return conformance.StateResult{}, err
+		}
+		to := net.JoinHostPort(backend.IP().String(), strconv.Itoa(workloads.EchoPort))
+		nated := 0
+		for _, c := range flows {
+			if c.State == "ESTABLISHED" && c.ReplySrc == to {
+				nated++
+			}
+		}
+		if nated < want {
+			return conformance.StateResult{}, fmt.Errorf("%w: Linux conntrack on %s holds %d established flows to %s answered by %s, want %d: the streams do not run through kube-proxy", conformance.ErrEnvironment, n.Name(), nated, fl.Target, to, want)
+		}
+		return conformance.StateResult{Figures: []matchers.Figure{count("kube_proxy_flows", nated, nil, "established flows NATed by kube-proxy in Linux conntrack")}}, nil
+	}}
+}
+
+func count(name string, n int, budget *float64, text string) matchers.Figure {
+	return matchers.Figure{Name: name, Value: float64(n), Unit: "count", Budget: budget, Text: fmt.Sprintf("%d %s", n, text)}
+}
+
+func budgetZero() *float64 { z := 0.0; return &z }
