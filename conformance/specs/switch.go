@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -94,17 +95,19 @@ func switchStreamBody(flow int) func(context.Context, *conformance.Env) error {
 			backend = f.Remote
 		}
 		only := matchers.Probes(fl.Name)
+		h := &handover{n: f.NodeA}
 		return e.Run(ctx, conformance.Scenario{
 			Traffic: []conformance.Traffic{{From: fl.From, Probe: e.Stream(fl.Name, fl.Target, streamsPerFlow)}},
 			Preconditions: []conformance.Check{
 				{Name: "the streams carry echoes through kube-proxy before the switch", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, only)},
 				forwardPolicyDrop(f.NodeA),
 				throughKubeProxy(f.NodeA, fl, backend, streamsPerFlow),
+				h.Before(),
 			},
 			Transition: []conformance.Step{conformance.Switch(f.NodeA)},
 			Settle:     e.Budgets.SwitchSettle,
 			Checks: []conformance.Check{
-				handedOver(f.NodeA),
+				h.After(),
 				{Name: "no stream reset across the switch", Matcher: matchers.HaveNoResets(only)},
 				{Name: "no stream gap over budget across the switch", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.SwitchMaxGap, only)},
 				{Name: "every stream alive after the switch", Matcher: matchers.BeAliveAtEnd(only)},
@@ -118,8 +121,9 @@ func switchNewConnections(ctx context.Context, e *conformance.Env) error {
 	if err != nil {
 		return err
 	}
+	h := &handover{n: f.NodeA}
 	sc := conformance.Scenario{
-		Preconditions: []conformance.Check{forwardPolicyDrop(f.NodeA)},
+		Preconditions: []conformance.Check{forwardPolicyDrop(f.NodeA), h.Before()},
 		Transition:    []conformance.Step{conformance.Switch(f.NodeA)},
 		Settle:        e.Budgets.SwitchSettle,
 	}
@@ -131,7 +135,7 @@ func switchNewConnections(ctx context.Context, e *conformance.Env) error {
 		sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "new connections reach " + fl.Backend + " on " + fl.Name + " through kube-proxy", Matcher: noneFail()})
 		sc.Checks = append(sc.Checks, conformance.Check{Name: "no failed new connection on " + fl.Name + " across the switch", Matcher: noneFail()})
 	}
-	sc.Checks = append(sc.Checks, handedOver(f.NodeA))
+	sc.Checks = append(sc.Checks, h.After())
 	return e.Run(ctx, sc)
 }
 
@@ -143,24 +147,16 @@ func switchCleanup(ctx context.Context, e *conformance.Env) error {
 	if err := nodestate.Plant(ctx, f.NodeA); err != nil {
 		return err
 	}
+	h := &handover{n: f.NodeA}
 	return e.Run(ctx, conformance.Scenario{
 		Preconditions: []conformance.Check{
 			forwardPolicyDrop(f.NodeA),
-			{Name: "kube-proxy has programmed node-a", State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
-				left, err := nodestate.KubeProxyRules(ctx, f.NodeA)
-				if err != nil {
-					return conformance.StateResult{}, err
-				}
-				if len(left) == 0 {
-					return conformance.StateResult{}, fmt.Errorf("%w: kube-proxy left no service rules on %s before the switch: the hand-over cannot be judged", conformance.ErrEnvironment, f.NodeA.Name())
-				}
-				return conformance.StateResult{Figures: []matchers.Figure{count("kube_proxy_rules", len(left), nil, "rules of kube-proxy's on node-a before the switch")}}, nil
-			}},
+			h.Before(),
 		},
 		Transition: []conformance.Step{conformance.Switch(f.NodeA)},
 		Settle:     e.Budgets.SwitchSettle,
 		Checks: []conformance.Check{
-			handedOver(f.NodeA),
+			h.After(),
 			{Name: "rules that are not kube-proxy's are untouched", State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
 				missing, err := nodestate.MissingPlanted(ctx, f.NodeA)
 				if err != nil {
@@ -190,20 +186,50 @@ func switchCleanup(ctx context.Context, e *conformance.Env) error {
 	})
 }
 
-// handedOver judges that the switch happened: kube-proxy's service chains and the
-// jumps to them are gone from the node once it has settled. Until they are, kube-proxy
-// still carries the node and nothing about the hand-over is shown (Calico's seed-2 bug
-// appears only once KUBE-FORWARD is deleted), so every switch spec checks it.
-func handedOver(n topologies.Node) conformance.Check {
+// handover judges that the switch happened: the rules kube-proxy held on the node
+// before the switch (its service chains, the jumps to them, its nftables tables) are
+// gone once the node has settled. Until they are, kube-proxy still carries the node
+// and nothing about the hand-over is shown (Calico's seed-2 bug appears only once
+// KUBE-FORWARD is deleted), so every switch spec checks it. Only what was there
+// before counts: an implementation that is itself a kube-proxy (nftables mode) owns
+// the table it creates.
+type handover struct {
+	n      topologies.Node
+	before []string
+}
+
+// Before records kube-proxy's rules on the node; it needs some.
+func (h *handover) Before() conformance.Check {
+	return conformance.Check{Name: "kube-proxy has programmed " + h.n.Name(), State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
+		var err error
+		if h.before, err = nodestate.KubeProxyRules(ctx, h.n); err != nil {
+			return conformance.StateResult{}, err
+		}
+		if len(h.before) == 0 {
+			return conformance.StateResult{}, fmt.Errorf("%w: kube-proxy left no service rules on %s before the switch: the hand-over cannot be judged", conformance.ErrEnvironment, h.n.Name())
+		}
+		return conformance.StateResult{Figures: []matchers.Figure{count("kube_proxy_rules", len(h.before), nil, "rules of kube-proxy's on "+h.n.Name()+" before the switch")}}, nil
+	}}
+}
+
+// After judges that none of them is left.
+func (h *handover) After() conformance.Check {
 	return conformance.Check{Name: "kube-proxy's service chains and the jumps to them are gone", State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
-		left, err := nodestate.KubeProxyRules(ctx, n)
+		now, err := nodestate.KubeProxyRules(ctx, h.n)
 		if err != nil {
 			return conformance.StateResult{}, err
 		}
-		r := conformance.StateResult{Figures: []matchers.Figure{count("kube_proxy_rules_left", len(left), budgetZero(), "rules of kube-proxy's left on "+n.Name()+" (KUBE-MARK-*, kubelet's KUBE-FIREWALL may stay)")}}
+		var left []string
+		for _, r := range now {
+			if slices.Contains(h.before, r) {
+				left = append(left, r)
+			}
+		}
+		r := conformance.StateResult{Figures: []matchers.Figure{count("kube_proxy_rules_left", len(left), budgetZero(),
+			fmt.Sprintf("of the %d rules of kube-proxy's on %s before the switch left (KUBE-MARK-*, kubelet's KUBE-FIREWALL may stay)", len(h.before), h.n.Name()))}}
 		if len(left) > 0 {
 			r.Kind, r.Violation = conformance.KindRulesLeft, fmt.Sprintf("%d of kube-proxy's rules are still on %s %s after ready:\n  %s",
-				len(left), n.Name(), e.Budgets.SwitchSettle, strings.Join(left, "\n  "))
+				len(left), h.n.Name(), e.Budgets.SwitchSettle, strings.Join(left, "\n  "))
 		}
 		return r, nil
 	}}

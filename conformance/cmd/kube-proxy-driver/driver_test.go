@@ -84,6 +84,10 @@ var _ = Describe("the driver's arguments and environment", func() {
 		cni, err := json.Marshal(out["cni"])
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(cni)).To(And(ContainSubstring(`"type":"ptp"`), ContainSubstring("${POD_CIDR}"), ContainSubstring("${CNI_DATA_DIR}/ipam")))
+
+		code, out = callDriver([]string{EnvMode + "=nftables"}, "info")
+		Expect(code).To(Equal(0))
+		Expect(out).To(HaveKeyWithValue("profiles", ConsistOf("Core", "ModeSwitch")), "in nftables mode kube-proxy is what a node switches to")
 	})
 
 	DescribeTable("refuses what cannot work, with the fix in the detail",

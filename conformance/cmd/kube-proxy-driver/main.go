@@ -105,10 +105,16 @@ func info(context.Context) (driver.Info, error) {
 	for i, m := range kubeproxy.Modes {
 		modes[i] = string(m)
 	}
+	profiles := []string{"Core"}
+	// In nftables mode kube-proxy is what a node switches to from kube-proxy's
+	// iptables mode, a migration users make: it is judged on the ModeSwitch profile.
+	if os.Getenv(EnvMode) == string(kubeproxy.NFTables) {
+		profiles = append(profiles, "ModeSwitch")
+	}
 	return driver.Info{
 		Name:     "kube-proxy",
 		Version:  kubeProxyVersion(),
-		Profiles: []string{"Core"},
+		Profiles: profiles,
 		Features: features,
 		CNI:      json.RawMessage(netns.DefaultCNIConfig),
 		Modes:    modes,
