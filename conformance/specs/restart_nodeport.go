@@ -14,19 +14,32 @@ import (
 // attempt must succeed and reach the right backend, from Lead before the stop to
 // Settle after ready.
 func restartNodePort(crash bool) func(context.Context, *conformance.Env) error {
+	return restartNewConnections(crash, "node-a's NodePort", func(flows []workloads.Flow) []workloads.Flow { return flows[2:] })
+}
+
+// restartClusterIP is the body of RESTART-CLUSTERIP-NEW and -CRASH: as restartNodePort,
+// from the client pod on node-a to each Service's ClusterIP.
+func restartClusterIP(crash bool) func(context.Context, *conformance.Env) error {
+	return restartNewConnections(crash, "its ClusterIP", func(flows []workloads.Flow) []workloads.Flow { return flows[:2] })
+}
+
+// restartNewConnections runs new connections on the Core fixture's service flows that
+// pick chooses (clusterip-local, clusterip-remote, nodeport-local, nodeport-remote)
+// across a restart of node-a's agent.
+func restartNewConnections(crash bool, via string, pick func([]workloads.Flow) []workloads.Flow) func(context.Context, *conformance.Env) error {
 	return func(ctx context.Context, e *conformance.Env) error {
 		f, err := workloads.DeployCore(ctx, e.World, e.Warm())
 		if err != nil {
 			return err
 		}
 		sc := conformance.Scenario{Transition: []conformance.Step{restart(f.NodeA, crash)}}
-		for _, fl := range f.ServiceFlows(e.Topo)[2:] { // nodeport-local, nodeport-remote
+		for _, fl := range pick(f.ServiceFlows(e.Topo)) {
 			noneFail := func() matchers.Matcher {
 				return matchers.HaveNoFailedAttempts(matchers.Probes(fl.Name), matchers.Backends(fl.Backend))
 			}
 			sc.Traffic = append(sc.Traffic, conformance.Traffic{From: fl.From, Probe: e.Connect(fl.Name, fl.Target)})
 			sc.Preconditions = append(sc.Preconditions, conformance.Check{
-				Name: "new connections reach " + fl.Backend + " through node-a's NodePort before the restart", Matcher: noneFail()})
+				Name: "new connections reach " + fl.Backend + " through " + via + " before the restart", Matcher: noneFail()})
 			sc.Checks = append(sc.Checks, conformance.Check{
 				Name: "no failed new connection to " + fl.Name + " across a " + how(crash), Matcher: noneFail()})
 		}

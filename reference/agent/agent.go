@@ -168,6 +168,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err != nil {
 		return fmt.Errorf("host interface %s: %w (set --host-interface)", cfg.HostInterface, err)
 	}
+	if cfg.Faults.Has(faults.DropClusterIPFrontendsOnStart) {
+		if err := a.dropClusterIPFrontends(link); err != nil {
+			return err
+		}
+	}
 	if cfg.Faults.Has(faults.CleanupBeforeAttach) {
 		// Out of order: until the programs are attached and the services written, a
 		// new connection finds neither kube-proxy's NAT nor the datapath's.
@@ -513,6 +518,24 @@ func (a *Agent) takeOver(ctx context.Context) error {
 	}
 	a.tookOver = true
 	return nil
+}
+
+// dropClusterIPFrontends is the fault drop-clusterip-frontends-on-start: it keeps the
+// frontends on the host interface's addresses (NodePorts) and deletes every other.
+func (a *Agent) dropClusterIPFrontends(link netlink.Link) error {
+	addrs, err := netlink.AddrList(link, netlink.FAMILY_V4)
+	if err != nil {
+		return fmt.Errorf("addresses of %s: %w", link.Attrs().Name, err)
+	}
+	var host []netip.Addr
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP.To4()); ok {
+			host = append(host, ip)
+		}
+	}
+	n, err := a.syncer.DropFrontends(func(k bpf.FrontendKey) bool { return !slices.Contains(host, k.Addr) })
+	a.log.Warn("fault: deleted the frontends not on a host IP (ClusterIPs) at start", "fault", faults.DropClusterIPFrontendsOnStart, "deleted", n, "err", err)
+	return err
 }
 
 // purgeConntrack deletes the conntrack entries of flows of the given services.

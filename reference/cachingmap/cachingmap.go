@@ -103,3 +103,22 @@ func (m *Map[K, V]) Flush() error {
 	_, err := m.ApplyDeletions()
 	return err
 }
+
+// DeleteIf deletes every kernel entry for which drop returns true, and returns how
+// many it deleted.
+func (m *Map[K, V]) DeleteIf(drop func(K) bool) (int, error) {
+	var errs []error
+	n := 0
+	for k := range m.dataplane {
+		if !drop(k) {
+			continue
+		}
+		if err := m.backend.Delete(k); err != nil {
+			errs = append(errs, fmt.Errorf("%s: delete %v: %w", m.name, k, err))
+			continue
+		}
+		delete(m.dataplane, k)
+		n++
+	}
+	return n, errors.Join(errs...)
+}

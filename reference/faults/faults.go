@@ -43,17 +43,22 @@ const (
 	// the Linux conntrack table kube-proxy's NAT filled, so every flow that predates
 	// the datapath loses the NAT state its next packets need.
 	FlushConntrackOnTakeover = "flush-conntrack-on-takeover"
+	// DropClusterIPFrontendsOnStart: on start the agent adopts only the frontends it
+	// can attribute to the node (those on its host IPs: NodePorts) and deletes the
+	// rest, the ClusterIPs, which it writes again only at its first complete sync.
+	DropClusterIPFrontendsOnStart = "drop-clusterip-frontends-on-start"
 )
 
 var known = map[string]string{
-	EagerServiceSync:           "service syncer applies before host IPs are known; host-IP discovery is late (Calico 12192)",
-	FlushNATOnStart:            "the agent empties the NAT frontend and backend maps when it starts",
-	UnpinnedConntrack:          "conntrack state does not survive an agent restart",
-	RebuildBackendsInPlace:     "a backend change deletes and re-creates the service in place, conntrack entries included",
-	NoForwardFallthroughAccept: "FORWARD has no accept for fallthrough packets of flows Linux conntrack knows (Calico PR 13778)",
-	NoKubeProxyCleanup:         "kube-proxy's rules are never removed",
-	CleanupBeforeAttach:        "kube-proxy's rules are removed at start, before programs are attached and services written",
-	FlushConntrackOnTakeover:   "taking over from kube-proxy flushes the Linux conntrack table its NAT filled",
+	EagerServiceSync:              "service syncer applies before host IPs are known; host-IP discovery is late (Calico 12192)",
+	FlushNATOnStart:               "the agent empties the NAT frontend and backend maps when it starts",
+	UnpinnedConntrack:             "conntrack state does not survive an agent restart",
+	RebuildBackendsInPlace:        "a backend change deletes and re-creates the service in place, conntrack entries included",
+	NoForwardFallthroughAccept:    "FORWARD has no accept for fallthrough packets of flows Linux conntrack knows (Calico PR 13778)",
+	NoKubeProxyCleanup:            "kube-proxy's rules are never removed",
+	CleanupBeforeAttach:           "kube-proxy's rules are removed at start, before programs are attached and services written",
+	FlushConntrackOnTakeover:      "taking over from kube-proxy flushes the Linux conntrack table its NAT filled",
+	DropClusterIPFrontendsOnStart: "on start the agent keeps only the frontends on its host IPs and deletes the ClusterIPs until its first sync",
 }
 
 // Set is a set of enabled faults.

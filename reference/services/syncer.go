@@ -51,6 +51,12 @@ func (s *Syncer) Flush() error {
 	return errors.Join(s.frontends.Flush(), s.backends.Flush())
 }
 
+// DropFrontends deletes the frontends for which drop returns true (the fault
+// "drop-clusterip-frontends-on-start") and returns how many it deleted.
+func (s *Syncer) DropFrontends(drop func(bpf.FrontendKey) bool) (int, error) {
+	return s.frontends.DeleteIf(drop)
+}
+
 // Stats count what one Apply changed.
 type Stats struct {
 	FrontendsWritten, FrontendsDeleted, BackendsWritten, BackendsDeleted int
