@@ -78,20 +78,10 @@ func (m *Map[K, V]) ApplyUpdates() (int, error) {
 // ApplyDeletions deletes every kernel entry that is not desired, and returns how many
 // it deleted. Call it only with a complete desired state.
 func (m *Map[K, V]) ApplyDeletions() (int, error) {
-	var errs []error
-	n := 0
-	for k := range m.dataplane {
-		if _, ok := m.desired[k]; ok {
-			continue
-		}
-		if err := m.backend.Delete(k); err != nil {
-			errs = append(errs, fmt.Errorf("%s: delete %v: %w", m.name, k, err))
-			continue
-		}
-		delete(m.dataplane, k)
-		n++
-	}
-	return n, errors.Join(errs...)
+	return m.DeleteIf(func(k K) bool {
+		_, ok := m.desired[k]
+		return !ok
+	})
 }
 
 // Flush deletes every entry the kernel holds and clears the desired state.
