@@ -542,8 +542,13 @@ static __always_inline int to_iface(struct __sk_buff *skb, int host)
 	/* The original direction of a DNAT flow is known by its reply entry. */
 	reverse(&p.tuple, &r);
 	ct = bpf_map_lookup_elem(&dpc_conntrack, &r);
-	if (!ct || !(ct->flags & DPC_CT_REPLY))
+	if (!ct || !(ct->flags & DPC_CT_REPLY)) {
+		/* A fallthrough packet leaves only if Linux conntrack vouched for
+		 * its flow in iptables: neither conntrack knows it otherwise. */
+		if ((skb->mark & DPC_MARK_MASK) == DPC_MARK_FALLTHROUGH)
+			return TC_ACT_SHOT;
 		return TC_ACT_OK; /* not tracked here, e.g. from the host itself */
+	}
 	touch(ct, &p, now);
 	if (host && (ct->flags & (DPC_CT_DNAT | DPC_CT_HOST_INGRESS)) ==
 			    (DPC_CT_DNAT | DPC_CT_HOST_INGRESS) &&

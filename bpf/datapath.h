@@ -23,10 +23,15 @@
  *   left untouched for the Linux stack, whose conntrack (and kube-proxy's
  *   NAT) may know it: accept it only with -m conntrack --ctstate
  *   ESTABLISHED,RELATED.
+ * DPC_MARK_VOUCHED: added by iptables (FORWARD) to a fallthrough packet whose
+ *   flow Linux conntrack knows (ESTABLISHED,RELATED). A fallthrough packet
+ *   without it leaves by no interface the datapath manages: a mid-flow packet
+ *   that neither conntrack knows is dropped, not leaked past policy.
  */
 #define DPC_MARK_MASK        0x0f000000
 #define DPC_MARK_SEEN        0x01000000
 #define DPC_MARK_FALLTHROUGH 0x02000000
+#define DPC_MARK_VOUCHED     0x04000000
 
 /* Default and maximum sizes of the maps (conntrack is sized at load time). */
 #define DPC_FRONTENDS_MAX 16384

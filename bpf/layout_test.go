@@ -107,6 +107,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"DPC_MARK_MASK":         uint64(MarkMask),
 		"DPC_MARK_SEEN":         uint64(MarkSeen),
 		"DPC_MARK_FALLTHROUGH":  uint64(MarkFallthrough),
+		"DPC_MARK_VOUCHED":      uint64(MarkVouched),
 		"DPC_FRONTENDS_MAX":     MaxFrontends,
 		"DPC_BACKENDS_MAX":      MaxBackends,
 		"DPC_ENDPOINTS_MAX":     MaxEndpoints,

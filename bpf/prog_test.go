@@ -280,6 +280,42 @@ func TestFallthrough(t *testing.T) {
 	}
 }
 
+// A fallthrough packet leaves by an interface of the datapath only if iptables added
+// MarkVouched (Linux conntrack knows its flow); a mid-flow packet neither conntrack
+// knows is dropped, and the node's own traffic (no mark of ours) is left alone.
+func TestFallthroughLeavesOnlyVouched(t *testing.T) {
+	d := setup(t, Options{})
+	for _, prog := range []struct {
+		name string
+		p    *ebpf.Program
+		pkt  packet
+	}{
+		{"to a workload", d.objs.TcEpEgress, tcp(client, localPod, tcpACK)},
+		{"out of the host interface", d.objs.TcHostEgress, tcp(hostIP+":40000", remotePod, tcpACK|tcpPSH)},
+	} {
+		for _, tc := range []struct {
+			name string
+			mark uint32
+			ret  uint32
+		}{
+			{"vouched for by Linux conntrack", 0x4000 | MarkFallthrough | MarkVouched, tcActOK},
+			{"known to neither conntrack", 0x4000 | MarkFallthrough, tcActShot},
+			{"the node's own, no mark of ours", 0x4000, tcActOK},
+		} {
+			t.Run(prog.name+", "+tc.name, func(t *testing.T) {
+				in := prog.pkt.Bytes()
+				r := run(t, prog.p, in, tc.mark)
+				if r.Ret != tc.ret {
+					t.Errorf("returned %d, want %d", r.Ret, tc.ret)
+				}
+				if tc.ret == tcActOK && !bytes.Equal(r.Out, in) {
+					t.Errorf("packet changed")
+				}
+			})
+		}
+	}
+}
+
 func TestPodToPodUntouched(t *testing.T) {
 	d := setup(t, Options{})
 	for _, p := range []packet{tcp(clientPod, remotePod, tcpSYN), udp(clientPod, remotePod)} {

@@ -14,7 +14,8 @@ import (
 // accept each class:
 //
 //	-m mark --mark 0x1000000/0xf000000 -j ACCEPT
-//	-m mark --mark 0x2000000/0xf000000 -m conntrack --ctstate ESTABLISHED,RELATED -j ACCEPT
+//	-m mark --mark 0x2000000/0xf000000 -m conntrack --ctstate ESTABLISHED,RELATED -j MARK --or-mark 0x4000000
+//	-m mark --mark 0x6000000/0xf000000 -j ACCEPT
 const (
 	// MarkMask covers the mark bits that belong to the datapath.
 	MarkMask uint32 = 0x0f000000
@@ -26,6 +27,11 @@ const (
 	// The packet is passed on unchanged (TC_ACT_OK) for the Linux stack, whose
 	// conntrack may know it: accept it only if ESTABLISHED or RELATED.
 	MarkFallthrough uint32 = 0x02000000
+	// MarkVouched is added by iptables to a fallthrough packet whose flow Linux
+	// conntrack knows. The egress programs drop a fallthrough packet without it:
+	// a mid-flow packet that neither conntrack knows leaves by none of the
+	// interfaces the datapath manages.
+	MarkVouched uint32 = 0x04000000
 )
 
 // Port range of the source ports that NodePort SNAT uses (DPC_SNAT_PORT_*):

@@ -482,7 +482,7 @@ func (a *Agent) syncIPTables(ctx context.Context) error {
 		names = append(names, l.Attrs().Name)
 	}
 	cfg := iptables.Config{
-		Marks:                      iptables.Marks{Seen: bpf.MarkSeen, Fallthrough: bpf.MarkFallthrough, Mask: bpf.MarkMask},
+		Marks:                      iptables.Marks{Seen: bpf.MarkSeen, Fallthrough: bpf.MarkFallthrough, Vouched: bpf.MarkVouched, Mask: bpf.MarkMask},
 		Workloads:                  names,
 		NoForwardFallthroughAccept: a.cfg.Faults.Has(faults.NoForwardFallthroughAccept),
 	}

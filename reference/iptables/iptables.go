@@ -6,14 +6,18 @@
 //
 //	INPUT   -> REFDP-INPUT:   accept SEEN;
 //	                          accept FALLTHROUGH if ESTABLISHED,RELATED.
-//	FORWARD -> REFDP-FORWARD: accept SEEN;
+//	FORWARD -> REFDP-FORWARD: add VOUCHED to FALLTHROUGH if ESTABLISHED,RELATED;
+//	                          accept SEEN;
 //	                          accept -i W and -o W for each workload interface W;
-//	                          accept FALLTHROUGH if ESTABLISHED,RELATED.
+//	                          accept FALLTHROUGH+VOUCHED.
 //
 // SEEN marks a packet the datapath tracked (and NATed if needed). FALLTHROUGH marks a
 // mid-flow TCP packet the datapath does not know, typically of a flow that predates
 // it: the Linux stack's conntrack (and kube-proxy's NAT recorded in it) may know it,
-// hence the conntrack match. The layout mirrors Calico's in eBPF mode: a pre-existing
+// hence the conntrack match. A forwarded fallthrough packet whose flow Linux conntrack
+// knows is marked VOUCHED first thing: the datapath's egress programs drop a
+// fallthrough packet without it, so a mid-flow packet that neither conntrack knows
+// never leaves by an interface the datapath manages. The layout mirrors Calico's in eBPF mode: a pre-existing
 // flow from or to a workload is accepted by the workload dispatch, and only a flow
 // that enters and leaves by the host interface (a NodePort flow to a remote backend)
 // depends on FORWARD's own fallthrough accept, the one Calico PR 13778 added.
@@ -50,7 +54,7 @@ var parents = []struct{ builtin, chain string }{
 // Marks are the datapath's packet marks (bpf.MarkSeen etc.), passed in so that this
 // package does not depend on the datapath's.
 type Marks struct {
-	Seen, Fallthrough, Mask uint32
+	Seen, Fallthrough, Vouched, Mask uint32
 }
 
 // Config is what the chains are rendered from.
@@ -88,6 +92,10 @@ func writeChains(b *strings.Builder, cfg Config) {
 	seen(InputChain)
 	fallthroughAccept(InputChain)
 
+	// Vouching changes no verdict: it tells the egress programs what Linux conntrack
+	// knows, whichever accept below lets the packet through.
+	fmt.Fprintf(b, "-A %s -m mark --mark %#x/%#x -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"refdp: the stack knows this fallthrough flow\" -j MARK --set-xmark %#x/%#x\n",
+		ForwardChain, m.Fallthrough, m.Mask, m.Vouched, m.Vouched)
 	seen(ForwardChain)
 	// The workload dispatch. It comes before the fallthrough accept, as in Calico: a
 	// flow from or to a workload never needs the latter.
@@ -96,7 +104,7 @@ func writeChains(b *strings.Builder, cfg Config) {
 		fmt.Fprintf(b, "-A %s -o %s -m comment --comment \"refdp: to workload\" -j ACCEPT\n", ForwardChain, w)
 	}
 	if !cfg.NoForwardFallthroughAccept {
-		fallthroughAccept(ForwardChain)
+		fmt.Fprintf(b, "-A %s -m mark --mark %#x/%#x -m comment --comment \"refdp: fallthrough of a flow the stack knows\" -j ACCEPT\n", ForwardChain, m.Fallthrough|m.Vouched, m.Mask)
 	}
 }
 

@@ -6,11 +6,13 @@ import (
 	"testing"
 )
 
-var testMarks = Marks{Seen: 0x01000000, Fallthrough: 0x02000000, Mask: 0x0f000000}
+var testMarks = Marks{Seen: 0x01000000, Fallthrough: 0x02000000, Vouched: 0x04000000, Mask: 0x0f000000}
 
 const (
 	seenAccept        = `-m mark --mark 0x1000000/0xf000000 -m comment --comment "refdp: handled by BPF" -j ACCEPT`
 	fallthroughAccept = `-m mark --mark 0x2000000/0xf000000 -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment "refdp: fallthrough of a flow the stack knows" -j ACCEPT`
+	vouch             = `-m mark --mark 0x2000000/0xf000000 -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment "refdp: the stack knows this fallthrough flow" -j MARK --set-xmark 0x4000000/0x4000000`
+	vouchedAccept     = `-m mark --mark 0x6000000/0xf000000 -m comment --comment "refdp: fallthrough of a flow the stack knows" -j ACCEPT`
 )
 
 func TestTokens(t *testing.T) {
@@ -58,7 +60,8 @@ func TestParseSave(t *testing.T) {
 }
 
 // TestForwardLayout checks FORWARD's order, which is what makes the fault Calico's
-// bug: SEEN, then the workload dispatch, then the fallthrough accept. A pre-existing
+// bug: the vouching mark (no verdict), SEEN, then the workload dispatch, then the
+// fallthrough accept. A pre-existing
 // flow from or to a workload is accepted by the dispatch whatever comes after it; only
 // a flow that enters and leaves by the host interface reaches the fallthrough accept,
 // and the fault removes it from FORWARD alone.
@@ -73,19 +76,20 @@ func TestForwardLayout(t *testing.T) {
 			name:  "no workloads",
 			cfg:   Config{Marks: testMarks},
 			input: []string{seenAccept, fallthroughAccept},
-			fwd:   []string{seenAccept, fallthroughAccept},
+			fwd:   []string{vouch, seenAccept, vouchedAccept},
 		},
 		{
 			name:  "workloads, sorted and once each",
 			cfg:   Config{Marks: testMarks, Workloads: []string{"veth-b", "veth-a", "veth-b"}},
 			input: []string{seenAccept, fallthroughAccept},
 			fwd: []string{
+				vouch,
 				seenAccept,
 				`-i veth-a -m comment --comment "refdp: from workload" -j ACCEPT`,
 				`-o veth-a -m comment --comment "refdp: to workload" -j ACCEPT`,
 				`-i veth-b -m comment --comment "refdp: from workload" -j ACCEPT`,
 				`-o veth-b -m comment --comment "refdp: to workload" -j ACCEPT`,
-				fallthroughAccept,
+				vouchedAccept,
 			},
 		},
 		{
@@ -93,6 +97,7 @@ func TestForwardLayout(t *testing.T) {
 			cfg:   Config{Marks: testMarks, Workloads: []string{"veth-a"}, NoForwardFallthroughAccept: true},
 			input: []string{seenAccept, fallthroughAccept},
 			fwd: []string{
+				vouch,
 				seenAccept,
 				`-i veth-a -m comment --comment "refdp: from workload" -j ACCEPT`,
 				`-o veth-a -m comment --comment "refdp: to workload" -j ACCEPT`,
