@@ -34,8 +34,9 @@
 // port). New flows are created at ingress hooks only, by a TCP SYN or any UDP
 // packet. A TCP packet in the middle of a flow that conntrack does not know is
 // passed on unchanged with MarkFallthrough, for the Linux stack (and
-// kube-proxy's conntrack) to handle; every packet the datapath tracks or NATs
-// carries MarkSeen.
+// kube-proxy's conntrack) to handle; iptables adds MarkVouched when Linux
+// conntrack knows its flow, and the egress programs drop a fallthrough packet
+// without it. Every packet the datapath tracks or NATs carries MarkSeen.
 //
 // Every packet refreshes LastSeenNs of the entry it matches; a TCP FIN or RST
 // also marks it ConntrackClosing, and a bare SYN (the tuple starting anew)
