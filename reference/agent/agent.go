@@ -5,6 +5,10 @@
 //
 // Its order of operations is its invariant; each step relies on those before it:
 //
+//  0. write refdp's iptables chains with no workload (Run, once): they mark what Linux
+//     conntrack knows of fallthrough packets VOUCHED, and the programs drop a
+//     fallthrough packet without that mark, so the marking comes first; the chains
+//     accept nothing the programs have not marked;
 //  1. attach the host interface's programs (Run, once);
 //  2. attach the endpoint programs of local workloads (each round from here on, and
 //     only once the view is complete: datastore in sync and host IPs known);
@@ -188,6 +192,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	if err := writeSysctl("net/ipv4/conf/"+cfg.HostInterface+"/send_redirects", "0"); err != nil {
+		return err
+	}
+	// The chains first, with no workload yet (step 0): the programs drop a
+	// fallthrough packet that iptables has not vouched for, so the rule that vouches
+	// must exist before they are attached, or flows that predate the datapath would
+	// stall until the first round writes it.
+	if err := a.syncIPTables(ctx); err != nil {
 		return err
 	}
 	if err := a.dp.AttachHost(a.hostIdx); err != nil {
