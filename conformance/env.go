@@ -239,6 +239,26 @@ func (e *Env) checkState(ctx context.Context, c Check, pre bool) (bool, error) {
 	return cr.Passed, nil
 }
 
+// Judge runs State checks now, outside any scenario, and records their results: a
+// spec of a steady state (a truth table) is a sequence of them, with no transition to
+// bracket. With pre, the first check that fails ends the spec as a failed
+// precondition; otherwise a failed check is recorded and judging goes on.
+func (e *Env) Judge(ctx context.Context, pre bool, checks ...Check) error {
+	for _, c := range checks {
+		if c.State == nil {
+			return fmt.Errorf("check %s: Judge runs State checks; a Matcher judges a scenario's window", c.Name)
+		}
+		ok, err := e.checkState(ctx, c, pre)
+		if err != nil {
+			return err
+		}
+		if !ok && pre {
+			return fmt.Errorf("%w: %s", errPrecondition, c.Name)
+		}
+	}
+	return nil
+}
+
 // Checks returns the checks recorded so far.
 func (e *Env) Checks() []CheckResult { return e.checks }
 
