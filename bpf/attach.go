@@ -22,31 +22,33 @@ const (
 	ClsactFilterPrefix = "dpc_"
 )
 
-type direction int
+// tcHook is a tc attach point of an interface. Not to be confused with a policy
+// Direction: tc ingress of a workload's interface is the workload's egress.
+type tcHook int
 
 const (
-	ingress direction = iota
-	egress
+	tcIngress tcHook = iota
+	tcEgress
 )
 
-var directions = []direction{ingress, egress}
+var tcHooks = []tcHook{tcIngress, tcEgress}
 
-func (dir direction) String() string {
-	if dir == ingress {
+func (dir tcHook) String() string {
+	if dir == tcIngress {
 		return "ingress"
 	}
 	return "egress"
 }
 
-func (dir direction) tcxAttach() ebpf.AttachType {
-	if dir == ingress {
+func (dir tcHook) tcxAttach() ebpf.AttachType {
+	if dir == tcIngress {
 		return ebpf.AttachTCXIngress
 	}
 	return ebpf.AttachTCXEgress
 }
 
-func (dir direction) clsactParent() uint32 {
-	if dir == ingress {
+func (dir tcHook) clsactParent() uint32 {
+	if dir == tcIngress {
 		return netlink.HANDLE_MIN_INGRESS
 	}
 	return netlink.HANDLE_MIN_EGRESS
@@ -70,10 +72,10 @@ func ifindexByName(name string) (int, error) {
 // this index, on ingress and egress. If they are attached already (by this
 // or an earlier run), their programs are replaced in place, atomically.
 func (d *Datapath) AttachHost(ifindex int) error {
-	if err := d.attach(ifindex, ingress, d.objs.TcHostIngress, "dpc_host_ingress"); err != nil {
+	if err := d.attach(ifindex, tcIngress, d.objs.TcHostIngress, "dpc_host_ingress"); err != nil {
 		return err
 	}
-	return d.attach(ifindex, egress, d.objs.TcHostEgress, "dpc_host_egress")
+	return d.attach(ifindex, tcEgress, d.objs.TcHostEgress, "dpc_host_egress")
 }
 
 // AttachHostByName is AttachHost for the interface with this name.
@@ -89,7 +91,7 @@ func (d *Datapath) AttachHostByName(ifname string) error {
 // this index. Detaching what is not attached is not an error.
 func (d *Datapath) DetachHost(ifindex int) error {
 	var errs []error
-	for _, dir := range directions {
+	for _, dir := range tcHooks {
 		errs = append(errs, detachTCX(d.pinDir, ifindex, dir), detachClsact(ifindex, dir))
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -101,18 +103,34 @@ func (d *Datapath) DetachHost(ifindex int) error {
 // AttachEndpoint records the endpoint state of a workload's host-side
 // interface, then attaches the endpoint programs to it: ingress sees the
 // traffic from the workload, egress the traffic to it. Attaching again
-// updates the state and replaces the programs in place, atomically.
+// updates the pod IP and flags and replaces the programs in place,
+// atomically; the endpoint keeps its policy. A new endpoint has none (not
+// isolated): use AttachEndpointWithPolicy for an endpoint that must never be
+// live without its policy. flags must not hold the isolation flags, which
+// belong to the policy.
 func (d *Datapath) AttachEndpoint(ifindex int, podIP netip.Addr, flags EndpointFlags) error {
+	return d.attachEndpoint(ifindex, podIP, flags, nil)
+}
+
+// AttachEndpointWithPolicy is AttachEndpoint with the endpoint's policy
+// written in the same update of its state (as SetEndpointPolicy writes it),
+// before the programs are attached: a new endpoint is never live without its
+// policy. The IP sets the rules name must be written first.
+func (d *Datapath) AttachEndpointWithPolicy(ifindex int, podIP netip.Addr, flags EndpointFlags, p EndpointPolicy) error {
+	return d.attachEndpoint(ifindex, podIP, flags, &p)
+}
+
+func (d *Datapath) attachEndpoint(ifindex int, podIP netip.Addr, flags EndpointFlags, p *EndpointPolicy) error {
 	if ifindex <= 0 {
 		return fmt.Errorf("attach endpoint: bad ifindex %d", ifindex)
 	}
-	if err := d.endpoints.Put(uint32(ifindex), EndpointValue{PodIP: podIP, Flags: flags}); err != nil {
+	if err := d.putEndpoint(ifindex, podIP, flags, p); err != nil {
 		return fmt.Errorf("attach endpoint %s: %w", podIP, err)
 	}
-	if err := d.attach(ifindex, ingress, d.objs.TcEpIngress, "dpc_ep_ingress"); err != nil {
+	if err := d.attach(ifindex, tcIngress, d.objs.TcEpIngress, "dpc_ep_ingress"); err != nil {
 		return err
 	}
-	return d.attach(ifindex, egress, d.objs.TcEpEgress, "dpc_ep_egress")
+	return d.attach(ifindex, tcEgress, d.objs.TcEpEgress, "dpc_ep_egress")
 }
 
 // AttachEndpointByName is AttachEndpoint for the interface with this name.
@@ -125,17 +143,17 @@ func (d *Datapath) AttachEndpointByName(ifname string, podIP netip.Addr, flags E
 }
 
 // DetachEndpoint detaches the endpoint programs from the interface with this
-// index and then forgets its endpoint state. The interface may be gone
-// already. Detaching what is not attached is not an error.
+// index and then forgets its endpoint state and policy rules. The interface
+// may be gone already. Detaching what is not attached is not an error.
 func (d *Datapath) DetachEndpoint(ifindex int) error {
 	var errs []error
-	for _, dir := range directions {
+	for _, dir := range tcHooks {
 		errs = append(errs, detachTCX(d.pinDir, ifindex, dir), detachClsact(ifindex, dir))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("detach endpoint ifindex %d: %w", ifindex, err)
 	}
-	if err := d.endpoints.Delete(uint32(ifindex)); err != nil {
+	if err := d.forgetEndpoint(ifindex); err != nil {
 		return fmt.Errorf("detach endpoint ifindex %d: %w", ifindex, err)
 	}
 	return nil
@@ -150,7 +168,7 @@ func (d *Datapath) DetachEndpointByName(ifname string) error {
 	return d.DetachEndpoint(i)
 }
 
-func (d *Datapath) attach(ifindex int, dir direction, prog *ebpf.Program, name string) error {
+func (d *Datapath) attach(ifindex int, dir tcHook, prog *ebpf.Program, name string) error {
 	var err error
 	if d.mode == AttachTCX {
 		err = attachTCX(d.pinDir, ifindex, dir, prog)
@@ -167,7 +185,7 @@ func (d *Datapath) attach(ifindex int, dir direction, prog *ebpf.Program, name s
 // place, or creates and pins one; then it removes a clsact filter that an
 // earlier run may have left (tcx runs first, so there is no gap and no double
 // processing meanwhile).
-func attachTCX(pinDir string, ifindex int, dir direction, prog *ebpf.Program) error {
+func attachTCX(pinDir string, ifindex int, dir tcHook, prog *ebpf.Program) error {
 	pin := LinkPinPath(pinDir, ifindex, dir.String())
 	l, err := link.LoadPinnedLink(pin, nil)
 	switch {
@@ -209,7 +227,7 @@ func attachTCX(pinDir string, ifindex int, dir direction, prog *ebpf.Program) er
 
 // detachTCX detaches and unpins the tcx link of the interface and direction,
 // if there is one.
-func detachTCX(pinDir string, ifindex int, dir direction) error {
+func detachTCX(pinDir string, ifindex int, dir tcHook) error {
 	return unpinLink(LinkPinPath(pinDir, ifindex, dir.String()))
 }
 
@@ -243,7 +261,7 @@ func unpinLink(pin string) error {
 // attachClsact creates or atomically replaces the datapath's bpf filter on
 // the clsact qdisc of the interface, then detaches a tcx link that an earlier
 // run may have left.
-func attachClsact(pinDir string, ifindex int, dir direction, prog *ebpf.Program, name string) error {
+func attachClsact(pinDir string, ifindex int, dir tcHook, prog *ebpf.Program, name string) error {
 	qdisc := &netlink.Clsact{QdiscAttrs: netlink.QdiscAttrs{
 		LinkIndex: ifindex,
 		Handle:    netlink.MakeHandle(0xffff, 0),
@@ -282,7 +300,7 @@ func ours(f netlink.Filter) bool {
 
 // detachClsact deletes the datapath's clsact filter of the interface and
 // direction, if there is one. The qdisc stays: others may use it.
-func detachClsact(ifindex int, dir direction) error {
+func detachClsact(ifindex int, dir tcHook) error {
 	l, err := netlink.LinkByIndex(ifindex)
 	if err != nil {
 		var notFound netlink.LinkNotFoundError
@@ -294,7 +312,7 @@ func detachClsact(ifindex int, dir direction) error {
 	return detachClsactLink(l, dir)
 }
 
-func detachClsactLink(l netlink.Link, dir direction) error {
+func detachClsactLink(l netlink.Link, dir tcHook) error {
 	qdiscs, err := netlink.QdiscList(l)
 	if err != nil {
 		return fmt.Errorf("list qdiscs of %s: %w", l.Attrs().Name, err)
@@ -346,7 +364,7 @@ func Remove(pinDir string) error {
 		errs = append(errs, fmt.Errorf("list interfaces: %w", err))
 	}
 	for _, l := range links {
-		for _, dir := range directions {
+		for _, dir := range tcHooks {
 			errs = append(errs, detachClsactLink(l, dir))
 		}
 	}

@@ -78,7 +78,7 @@ type hooks struct {
 func attachedTo(t *testing.T, ifindex int) hooks {
 	t.Helper()
 	var h hooks
-	for _, dir := range directions {
+	for _, dir := range tcHooks {
 		if HaveTCX() == nil {
 			res, err := link.QueryPrograms(link.QueryOptions{Target: ifindex, Attach: dir.tcxAttach()})
 			must(t, err)
@@ -124,7 +124,7 @@ func expectAttached(t *testing.T, what string, ifindex int, mode AttachMode, in,
 	if mode == AttachClsact {
 		got, other = h.clsact, h.tcx
 	}
-	for _, dir := range directions {
+	for _, dir := range tcHooks {
 		if !equalIDs(got[dir], want[dir]) || len(other[dir]) != 0 {
 			t.Errorf("%s: %s: %s programs %v (want %v), other mode %v", what, dir, mode, got[dir], want[dir], other[dir])
 		}
@@ -173,7 +173,7 @@ func TestAttachUpdateDetach(t *testing.T) {
 			must(t, d1.AttachHost(host))
 			h2 := expectAttached(t, "attach again", host, mode, in1, eg1)
 			if mode == AttachTCX {
-				if len(h1.tcxLnk[ingress]) != 1 || !sameLinks(h1, h2) {
+				if len(h1.tcxLnk[tcIngress]) != 1 || !sameLinks(h1, h2) {
 					t.Errorf("attach again changed links: %v -> %v", h1.tcxLnk, h2.tcxLnk)
 				}
 				if _, err := os.Stat(LinkPinPath(dir, host, "ingress")); err != nil {

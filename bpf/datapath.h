@@ -3,9 +3,9 @@
  * Shared types of the dpconform reference datapath.
  *
  * Everything in this header is mirrored by a Go type or constant in
- * bpf/types.go; TestLayoutMatchesBTF and TestMarksMatchHeader keep the two in
+ * bpf/types.go; TestLayoutMatchesBTF and TestConstantsMatchHeader keep the two in
  * step. All addresses and ports are in network byte order, every other field
- * in host byte order. IPv4 only.
+ * (the port ranges of policy rules included) in host byte order. IPv4 only.
  */
 #ifndef DPC_DATAPATH_H
 #define DPC_DATAPATH_H
@@ -37,6 +37,8 @@
 #define DPC_FRONTENDS_MAX 16384
 #define DPC_BACKENDS_MAX  65536
 #define DPC_ENDPOINTS_MAX 4096
+#define DPC_IPSETS_MAX    65536
+#define DPC_POLICY_MAX    65536
 
 /* Source ports used for SNAT of NodePort traffic to remote backends: outside
  * Linux's default ip_local_port_range (32768-60999), so that they do not
@@ -111,6 +113,12 @@ struct ct_key {
 /* A TCP FIN or RST matched this entry (the flow is closing or closed); a
  * bare SYN that matches it clears the flag again (the tuple starts anew). */
 #define DPC_CT_CLOSING      (1U << 5)
+/* The destination endpoint's ingress policy admitted this flow (or it had
+ * none), so later packets skip the rules: policy changes do not affect
+ * admitted flows. Set on the entry the destination's tc egress finds (the
+ * original entry; for a DNAT flow, the reply entry) and on the reply entry;
+ * a bare SYN that restarts the tuple clears it. */
+#define DPC_CT_INGRESS_OK   (1U << 6)
 
 struct ct_value {
 	__u64 created_ns;   /* bpf_ktime_get_ns() when the entry was created */
@@ -123,11 +131,69 @@ struct ct_value {
 };
 
 /* dpc_endpoints: keyed by the ifindex of a workload's host-side interface. */
-#define DPC_EP_ANTISPOOF (1U << 0) /* drop IPv4 from the workload not sourced from pod_ip */
+#define DPC_EP_ANTISPOOF        (1U << 0) /* drop IPv4 from the workload not sourced from pod_ip */
+#define DPC_EP_INGRESS_ISOLATED (1U << 1) /* some policy selects it for ingress: deny unless a rule allows */
+#define DPC_EP_EGRESS_ISOLATED  (1U << 2) /* some policy selects it for egress: deny unless a rule allows */
 
+/* pod_ip and flags come first and keep their place: a loader that adopts an
+ * older, smaller endpoint map reads them from its entries. */
 struct endpoint_value {
 	__be32 pod_ip;
-	__u32 flags; /* DPC_EP_* */
+	__u32 flags;         /* DPC_EP_* */
+	__u8 policy_slot;    /* which slot of dpc_policy is live */
+	__u8 pad;
+	__u16 ingress_rules; /* rules 0 .. ingress_rules-1 of the live slot */
+	__u16 egress_rules;
+	__u16 pad2;
+};
+
+/*
+ * Network policy. An isolated direction of an endpoint passes a new flow only
+ * if one of its rules matches the peer (and port and protocol); replies of an
+ * admitted flow always pass. The rules of an endpoint live in two slots of
+ * dpc_policy: the writer fills the slot that is not live, then flips
+ * policy_slot and the counts in one update of the endpoint, so a program sees
+ * either the old rules or the new ones, never a mix. Rules beyond the count
+ * are stale and ignored.
+ */
+
+/* dpc_ipsets: BPF_MAP_TYPE_LPM_TRIE. The key's prefixlen covers the whole set
+ * id (32 bits) plus the address prefix: 32 + plen. */
+struct ipset_key {
+	__u32 prefixlen;
+	__be32 set_id; /* network order, so the trie's bytewise match covers it whole */
+	__be32 addr;
+};
+
+/* This prefix is carved out of its set (ipBlock except): the longest prefix
+ * wins, so an address under it is not a member. */
+#define DPC_IPSET_EXCEPT (1U << 0)
+
+struct ipset_value {
+	__u32 flags; /* DPC_IPSET_* */
+};
+
+/* dpc_policy: the index-th rule of an endpoint for one direction, in one of
+ * two slots. */
+#define DPC_DIR_INGRESS 0 /* traffic to the workload */
+#define DPC_DIR_EGRESS  1 /* traffic from the workload */
+#define DPC_POLICY_RULES_MAX 256 /* per endpoint, direction and slot */
+
+struct policy_key {
+	__u32 ifindex;
+	__u8 dir;   /* DPC_DIR_* */
+	__u8 slot;  /* 0 or 1 */
+	__u16 index;
+};
+
+/* A peer matches a rule when it is in the rule's set (or the rule has none),
+ * and so do the protocol and the destination port. */
+struct policy_rule {
+	__u32 set_id;   /* peer IP set; 0: any peer */
+	__u16 port_min; /* host order, inclusive; port_min == port_max == 0: any port */
+	__u16 port_max;
+	__u8 proto;     /* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_SCTP; 0: any protocol */
+	__u8 pad[3];
 };
 
 /* dpc_config: a single entry at index 0. */

@@ -21,6 +21,8 @@ const (
 	datapathMapDpcConntrack   = "dpc_conntrack"
 	datapathMapDpcEndpoints   = "dpc_endpoints"
 	datapathMapDpcFrontends   = "dpc_frontends"
+	datapathMapDpcIpsets      = "dpc_ipsets"
+	datapathMapDpcPolicy      = "dpc_policy"
 	datapathProgTcEpEgress    = "tc_ep_egress"
 	datapathProgTcEpIngress   = "tc_ep_ingress"
 	datapathProgTcHostEgress  = "tc_host_egress"
@@ -84,6 +86,8 @@ type datapathMapSpecs struct {
 	DpcConntrack *ebpf.MapSpec `ebpf:"dpc_conntrack"`
 	DpcEndpoints *ebpf.MapSpec `ebpf:"dpc_endpoints"`
 	DpcFrontends *ebpf.MapSpec `ebpf:"dpc_frontends"`
+	DpcIpsets    *ebpf.MapSpec `ebpf:"dpc_ipsets"`
+	DpcPolicy    *ebpf.MapSpec `ebpf:"dpc_policy"`
 }
 
 // datapathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -117,6 +121,8 @@ type datapathMaps struct {
 	DpcConntrack *ebpf.Map `ebpf:"dpc_conntrack"`
 	DpcEndpoints *ebpf.Map `ebpf:"dpc_endpoints"`
 	DpcFrontends *ebpf.Map `ebpf:"dpc_frontends"`
+	DpcIpsets    *ebpf.Map `ebpf:"dpc_ipsets"`
+	DpcPolicy    *ebpf.Map `ebpf:"dpc_policy"`
 }
 
 func (m *datapathMaps) Close() error {
@@ -126,6 +132,8 @@ func (m *datapathMaps) Close() error {
 		m.DpcConntrack,
 		m.DpcEndpoints,
 		m.DpcFrontends,
+		m.DpcIpsets,
+		m.DpcPolicy,
 	)
 }
 

@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"encoding"
+	"net/netip"
 	"os"
 	"regexp"
 	"strconv"
@@ -32,7 +33,13 @@ func TestLayoutMatchesBTF(t *testing.T) {
 		{"ct_value", ConntrackValue{}, conntrackValueSize, map[string]uint32{
 			"created_ns": 0, "last_seen_ns": 8, "flags": 16, "service_id": 20, "nat_addr": 24, "nat_port": 28, "snat_port": 30,
 		}},
-		{"endpoint_value", EndpointValue{}, endpointValueSize, map[string]uint32{"pod_ip": 0, "flags": 4}},
+		{"endpoint_value", EndpointValue{}, endpointValueSize, map[string]uint32{
+			"pod_ip": 0, "flags": 4, "policy_slot": 8, "ingress_rules": 10, "egress_rules": 12,
+		}},
+		{"ipset_key", IPSetKey{Prefix: netip.MustParsePrefix("0.0.0.0/0")}, ipsetKeySize, map[string]uint32{"prefixlen": 0, "set_id": 4, "addr": 8}},
+		{"ipset_value", IPSetValue{}, ipsetValueSize, map[string]uint32{"flags": 0}},
+		{"policy_key", PolicyKey{}, policyKeySize, map[string]uint32{"ifindex": 0, "dir": 4, "slot": 5, "index": 6}},
+		{"policy_rule", PolicyRule{}, policyRuleSize, map[string]uint32{"set_id": 0, "port_min": 4, "port_max": 6, "proto": 8}},
 		{"config_value", Config{}, configValueSize, map[string]uint32{"host_ip": 0, "host_ifindex": 4, "flags": 8}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,6 +77,8 @@ func TestLayoutMatchesBTF(t *testing.T) {
 		BackendsMapName:  {"backend_key", "backend_value"},
 		ConntrackMapName: {"ct_key", "ct_value"},
 		EndpointsMapName: {"__u32", "endpoint_value"},
+		IPSetsMapName:    {"ipset_key", "ipset_value"},
+		PolicyMapName:    {"policy_key", "policy_rule"},
 		ConfigMapName:    {"__u32", "config_value"},
 	} {
 		m := spec.Maps[name]
@@ -104,26 +113,35 @@ func TestConstantsMatchHeader(t *testing.T) {
 		defines[m[1]] = v
 	}
 	for name, goValue := range map[string]uint64{
-		"DPC_MARK_MASK":         uint64(MarkMask),
-		"DPC_MARK_SEEN":         uint64(MarkSeen),
-		"DPC_MARK_FALLTHROUGH":  uint64(MarkFallthrough),
-		"DPC_MARK_VOUCHED":      uint64(MarkVouched),
-		"DPC_FRONTENDS_MAX":     MaxFrontends,
-		"DPC_BACKENDS_MAX":      MaxBackends,
-		"DPC_ENDPOINTS_MAX":     MaxEndpoints,
-		"DPC_SNAT_PORT_MIN":     SNATPortMin,
-		"DPC_SNAT_PORT_MAX":     SNATPortMax,
-		"DPC_CT_REPLY":          uint64(ConntrackReply),
-		"DPC_CT_DNAT":           uint64(ConntrackDNAT),
-		"DPC_CT_HOST_INGRESS":   uint64(ConntrackHostIngress),
-		"DPC_CT_SNAT":           uint64(ConntrackSNAT),
-		"DPC_CT_SNAT_REPLY":     uint64(ConntrackSNATReply),
-		"DPC_CT_CLOSING":        uint64(ConntrackClosing),
-		"DPC_SNAT_TRIES":        SNATPortTries,
-		"DPC_CT_CLOSE_QUIET_MS": uint64(ConntrackCloseQuiet / time.Millisecond),
-		"DPC_CT_TCP_IDLE_SEC":   uint64(ConntrackTCPIdleTimeout / time.Second),
-		"DPC_CT_UDP_IDLE_SEC":   uint64(ConntrackUDPIdleTimeout / time.Second),
-		"DPC_EP_ANTISPOOF":      uint64(EndpointAntiSpoof),
+		"DPC_MARK_MASK":           uint64(MarkMask),
+		"DPC_MARK_SEEN":           uint64(MarkSeen),
+		"DPC_MARK_FALLTHROUGH":    uint64(MarkFallthrough),
+		"DPC_MARK_VOUCHED":        uint64(MarkVouched),
+		"DPC_FRONTENDS_MAX":       MaxFrontends,
+		"DPC_BACKENDS_MAX":        MaxBackends,
+		"DPC_ENDPOINTS_MAX":       MaxEndpoints,
+		"DPC_SNAT_PORT_MIN":       SNATPortMin,
+		"DPC_SNAT_PORT_MAX":       SNATPortMax,
+		"DPC_CT_REPLY":            uint64(ConntrackReply),
+		"DPC_CT_DNAT":             uint64(ConntrackDNAT),
+		"DPC_CT_HOST_INGRESS":     uint64(ConntrackHostIngress),
+		"DPC_CT_SNAT":             uint64(ConntrackSNAT),
+		"DPC_CT_SNAT_REPLY":       uint64(ConntrackSNATReply),
+		"DPC_CT_CLOSING":          uint64(ConntrackClosing),
+		"DPC_SNAT_TRIES":          SNATPortTries,
+		"DPC_CT_CLOSE_QUIET_MS":   uint64(ConntrackCloseQuiet / time.Millisecond),
+		"DPC_CT_TCP_IDLE_SEC":     uint64(ConntrackTCPIdleTimeout / time.Second),
+		"DPC_CT_UDP_IDLE_SEC":     uint64(ConntrackUDPIdleTimeout / time.Second),
+		"DPC_EP_ANTISPOOF":        uint64(EndpointAntiSpoof),
+		"DPC_EP_INGRESS_ISOLATED": uint64(EndpointIngressIsolated),
+		"DPC_EP_EGRESS_ISOLATED":  uint64(EndpointEgressIsolated),
+		"DPC_CT_INGRESS_OK":       uint64(ConntrackIngressOK),
+		"DPC_IPSETS_MAX":          MaxIPSets,
+		"DPC_POLICY_MAX":          MaxPolicy,
+		"DPC_POLICY_RULES_MAX":    MaxPolicyRules,
+		"DPC_IPSET_EXCEPT":        ipsetExcept,
+		"DPC_DIR_INGRESS":         uint64(Ingress),
+		"DPC_DIR_EGRESS":          uint64(Egress),
 	} {
 		c, ok := defines[name]
 		if !ok {
@@ -151,6 +169,28 @@ func TestMarshalRoundTrip(t *testing.T) {
 	}
 	if k.Reverse().Reverse() != k {
 		t.Error("Reverse is not an involution")
+	}
+	for _, k := range []IPSetKey{
+		{SetID: 7, Prefix: netip.MustParsePrefix("10.244.0.0/16")},
+		{SetID: 1 << 24, Prefix: netip.MustParsePrefix("10.244.0.5/32")},
+		{SetID: 3, Prefix: netip.MustParsePrefix("0.0.0.0/0")},
+	} {
+		b, err := k.MarshalBinary()
+		var back IPSetKey
+		if err != nil || back.UnmarshalBinary(b) != nil || back != k {
+			t.Errorf("round trip %v -> % x -> %v (%v)", k, b, back, err)
+		}
+	}
+	// Set ID in network order, prefixlen covering it: the trie matches the
+	// set whole before the address.
+	if b, _ := (IPSetKey{SetID: 7, Prefix: netip.MustParsePrefix("10.244.1.9/24")}).MarshalBinary(); string(b) != "\x38\x00\x00\x00\x00\x00\x00\x07\x0a\xf4\x01\x00" {
+		t.Errorf("IP set key wire format % x", b)
+	}
+	if _, err := (IPSetKey{SetID: 1, Prefix: netip.MustParsePrefix("fd00::/64")}).MarshalBinary(); err == nil {
+		t.Error("IPv6 IP set prefix accepted")
+	}
+	if _, err := (PolicyRule{PortMin: 81, PortMax: 80}).MarshalBinary(); err == nil {
+		t.Error("empty port range accepted")
 	}
 	if _, err := (FrontendKey{Addr: ip("fd00::1")}).MarshalBinary(); err == nil {
 		t.Error("IPv6 frontend accepted")

@@ -3,6 +3,7 @@ package bpf
 //go:generate go tool bpf2go -cc clang -target bpfel -no-global-types datapath datapath.c -- -Wall -Werror -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -25,6 +26,8 @@ const (
 	BackendsMapName  = "dpc_backends"
 	ConntrackMapName = "dpc_conntrack"
 	EndpointsMapName = "dpc_endpoints"
+	IPSetsMapName    = "dpc_ipsets"
+	PolicyMapName    = "dpc_policy"
 	ConfigMapName    = "dpc_config"
 	// PreviousConntrackPinName is where Open moves a pinned conntrack map
 	// that does not fit the requested one (another size or layout), until
@@ -35,7 +38,10 @@ const (
 	LinksDirName = "links"
 )
 
-var mapNames = []string{FrontendsMapName, BackendsMapName, ConntrackMapName, EndpointsMapName, ConfigMapName, PreviousConntrackPinName}
+var mapNames = []string{
+	FrontendsMapName, BackendsMapName, ConntrackMapName, EndpointsMapName,
+	IPSetsMapName, PolicyMapName, ConfigMapName, PreviousConntrackPinName,
+}
 
 // DefaultConntrackSize is the conntrack capacity (entries; a flow takes two)
 // when Options.ConntrackSize is 0.
@@ -81,7 +87,13 @@ type Datapath struct {
 	backends  *Map[BackendKey, BackendValue]
 	conntrack *Map[ConntrackKey, ConntrackValue]
 	endpoints *Map[uint32, EndpointValue]
+	ipsets    *Map[IPSetKey, IPSetValue]
+	policy    *Map[PolicyKey, PolicyRule]
 	config    *Map[uint32, Config]
+
+	// epMu serialises the writers of endpoint state, which read an
+	// endpoint's value to write the next one (its policy slot flips).
+	epMu sync.Mutex
 }
 
 // CheckKernel returns an error naming the first kernel feature that the
@@ -90,7 +102,7 @@ func CheckKernel() error {
 	if err := features.HaveProgramType(ebpf.SchedCLS); err != nil {
 		return fmt.Errorf("kernel lacks BPF program type sched_cls (tc hooks): %w", err)
 	}
-	for _, mt := range []ebpf.MapType{ebpf.Hash, ebpf.LRUHash, ebpf.Array} {
+	for _, mt := range []ebpf.MapType{ebpf.Hash, ebpf.LRUHash, ebpf.Array, ebpf.LPMTrie} {
 		if err := features.HaveMapType(mt); err != nil {
 			return fmt.Errorf("kernel lacks BPF map type %s: %w", mt, err)
 		}
@@ -190,9 +202,22 @@ func Open(pinDir string, opts Options) (*Datapath, error) {
 		return nil, err
 	}
 
+	oldEP, err := unpinIncompatible(pinDir, spec.Maps[EndpointsMapName])
+	if err != nil {
+		d.closePrev()
+		return nil, err
+	}
+	if oldEP != nil {
+		defer oldEP.Close()
+	}
+
 	err = spec.LoadAndAssign(&d.objs, &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}})
 	if err != nil {
 		d.closePrev()
+		if oldEP != nil {
+			// Put it back for the next try; the programs still use it.
+			_ = oldEP.Pin(filepath.Join(pinDir, EndpointsMapName))
+		}
 		if errors.Is(err, ebpf.ErrMapIncompatible) {
 			return nil, fmt.Errorf("load datapath: a map pinned in %s has another layout (remove it with bpf.Remove): %w", pinDir, err)
 		}
@@ -203,8 +228,66 @@ func Open(pinDir string, opts Options) (*Datapath, error) {
 	d.backends = newMap[BackendKey, BackendValue](BackendsMapName, d.objs.DpcBackends)
 	d.conntrack = newMap[ConntrackKey, ConntrackValue](ConntrackMapName, d.objs.DpcConntrack)
 	d.endpoints = newMap[uint32, EndpointValue](EndpointsMapName, d.objs.DpcEndpoints)
+	d.ipsets = newMap[IPSetKey, IPSetValue](IPSetsMapName, d.objs.DpcIpsets)
+	d.policy = newMap[PolicyKey, PolicyRule](PolicyMapName, d.objs.DpcPolicy)
 	d.config = newMap[uint32, Config](ConfigMapName, d.objs.DpcConfig)
+	if oldEP != nil {
+		if err := d.adoptEndpoints(oldEP); err != nil {
+			d.Close()
+			return nil, err
+		}
+	}
 	return d, nil
+}
+
+// unpinIncompatible unpins the map pinned under spec's name in pinDir if it
+// does not fit spec (e.g. the smaller endpoint map of a version before
+// network policy), so that the loader pins a new one, and returns it for its
+// entries to be carried over. The programs attached meanwhile keep using it
+// until they are replaced.
+func unpinIncompatible(pinDir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
+	pin := filepath.Join(pinDir, spec.Name)
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("load pinned %s: %w", pin, err)
+	}
+	if spec.Compatible(m) == nil {
+		m.Close()
+		return nil, nil
+	}
+	if err := os.Remove(pin); err != nil {
+		m.Close()
+		return nil, fmt.Errorf("unpin %s, which does not fit this version (run `refdp cleanup`): %w", pin, err)
+	}
+	return m, nil
+}
+
+// adoptEndpoints copies each endpoint's pod IP and flags (the head of struct
+// endpoint_value in every version) from an endpoint map of another layout.
+// The endpoints have no policy until it is set again: the agent attaches
+// every endpoint, with its policy, when it starts.
+func (d *Datapath) adoptEndpoints(old *ebpf.Map) error {
+	if old.KeySize() != 4 || old.ValueSize() < endpointValueV0Size {
+		return nil // nothing we can read
+	}
+	var (
+		k uint32
+		v = make([]byte, old.ValueSize())
+	)
+	it := old.Iterate()
+	for it.Next(&k, &v) {
+		ep := EndpointValue{PodIP: getAddr(v[0:4]), Flags: EndpointFlags(binary.NativeEndian.Uint32(v[4:8])) &^ policyFlags}
+		if err := d.endpoints.Put(k, ep); err != nil {
+			return fmt.Errorf("adopt endpoints of another layout: %w", err)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("adopt endpoints of another layout: %w", err)
+	}
+	return nil
 }
 
 // setAsideConntrack moves a pinned conntrack map that does not fit spec to
@@ -276,6 +359,15 @@ func (d *Datapath) Conntrack() *Map[ConntrackKey, ConntrackValue] { return d.con
 // Endpoints is the endpoint state map, keyed by the ifindex of a workload's
 // host-side interface.
 func (d *Datapath) Endpoints() *Map[uint32, EndpointValue] { return d.endpoints }
+
+// IPSets is the map of the IP sets that policy rules name: an LPM trie of
+// (set ID, prefix), where an Except entry carves a longer prefix out of its
+// set. Write a set's entries before the rules that name it.
+func (d *Datapath) IPSets() *Map[IPSetKey, IPSetValue] { return d.ipsets }
+
+// Policy is the map of the endpoints' policy rules. Write it through
+// SetEndpointPolicy, which keeps each endpoint's update atomic.
+func (d *Datapath) Policy() *Map[PolicyKey, PolicyRule] { return d.policy }
 
 // SetConfig records the node's host IP and host interface index.
 func (d *Datapath) SetConfig(hostIP netip.Addr, hostIfindex int) error {

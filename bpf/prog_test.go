@@ -2,6 +2,7 @@ package bpf
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"os"
@@ -505,5 +506,32 @@ func TestOpenNeedsBPFFS(t *testing.T) {
 	requireBPF(t)
 	if _, err := Open(t.TempDir(), Options{}); err == nil {
 		t.Fatal("Open on a directory outside bpffs succeeded")
+	}
+}
+
+// An endpoint map pinned by a version before network policy (8-byte values)
+// is replaced by one of the current layout, with its endpoints carried over
+// without policy.
+func TestAdoptsEndpointsOfOlderLayout(t *testing.T) {
+	requireBPF(t)
+	dir := bpffs(t)
+	old, err := ebpf.NewMap(&ebpf.MapSpec{
+		Name: EndpointsMapName, Type: ebpf.Hash, KeySize: 4, ValueSize: endpointValueV0Size, MaxEntries: MaxEndpoints,
+	})
+	must(t, err)
+	defer old.Close()
+	must(t, old.Pin(filepath.Join(dir, EndpointsMapName)))
+	v := []byte{10, 244, 0, 5, 0, 0, 0, 0}
+	binary.NativeEndian.PutUint32(v[4:], uint32(EndpointAntiSpoof))
+	must(t, old.Put(uint32(7), v))
+
+	d := open(t, dir, Options{})
+	got, err := d.Endpoints().Lookup(7)
+	must(t, err)
+	if want := (EndpointValue{PodIP: ip("10.244.0.5"), Flags: EndpointAntiSpoof}); got != want {
+		t.Errorf("adopted endpoint %+v, want %+v", got, want)
+	}
+	if info, err := d.Endpoints().Raw().Info(); err != nil || d.Endpoints().Raw().ValueSize() != endpointValueSize {
+		t.Errorf("endpoint map %+v (%v) has value size %d", info, err, d.Endpoints().Raw().ValueSize())
 	}
 }

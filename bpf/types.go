@@ -63,6 +63,13 @@ const (
 	MaxFrontends = 16384
 	MaxBackends  = 65536
 	MaxEndpoints = 4096
+	// MaxIPSets is the capacity of the IP set map, in prefixes over all sets.
+	MaxIPSets = 65536
+	// MaxPolicy is the capacity of the policy map, in rules over all
+	// endpoints, directions and both slots.
+	MaxPolicy = 65536
+	// MaxPolicyRules is the most rules an endpoint has for one direction.
+	MaxPolicyRules = 256
 )
 
 // ErrNotIPv4 is returned when an address given to the datapath is not IPv4.
@@ -71,19 +78,24 @@ var ErrNotIPv4 = errors.New("not an IPv4 address")
 // Proto is an IP protocol number as the datapath stores it.
 type Proto uint8
 
-// The protocols the datapath handles.
+// The protocols the datapath handles. A policy rule may name SCTP too, but
+// the programs do not parse SCTP: its packets pass unpoliced, like any other
+// protocol they do not parse.
 const (
-	TCP Proto = 6
-	UDP Proto = 17
+	TCP  Proto = 6
+	UDP  Proto = 17
+	SCTP Proto = 132
 )
 
-// String returns "TCP", "UDP" or the protocol number.
+// String returns "TCP", "UDP", "SCTP" or the protocol number.
 func (p Proto) String() string {
 	switch p {
 	case TCP:
 		return "TCP"
 	case UDP:
 		return "UDP"
+	case SCTP:
+		return "SCTP"
 	}
 	return fmt.Sprintf("proto(%d)", uint8(p))
 }
@@ -310,6 +322,12 @@ const (
 	// closing or closed; a bare SYN that matches it clears the flag. A
 	// closing SNAT reply entry is reusable once quiet (ConntrackCloseQuiet).
 	ConntrackClosing ConntrackFlags = 1 << 5
+	// ConntrackIngressOK: the destination endpoint's ingress policy admitted
+	// the flow (or the endpoint was not isolated), so its later packets are
+	// not judged again. It is set on the entry the destination's tc egress
+	// finds (the original entry; for a DNAT flow, the reply entry) and on the
+	// reply entry; a bare SYN that restarts the tuple clears it.
+	ConntrackIngressOK ConntrackFlags = 1 << 6
 )
 
 // ConntrackValue mirrors struct ct_value.
@@ -366,6 +384,14 @@ const (
 	// EndpointAntiSpoof drops IPv4 packets from the workload whose source is
 	// not its pod IP.
 	EndpointAntiSpoof EndpointFlags = 1 << 0
+	// EndpointIngressIsolated: some policy selects the endpoint for ingress.
+	// A new flow to it passes only if one of its ingress rules allows it.
+	EndpointIngressIsolated EndpointFlags = 1 << 1
+	// EndpointEgressIsolated: some policy selects the endpoint for egress. A
+	// new flow from it passes only if one of its egress rules allows it.
+	EndpointEgressIsolated EndpointFlags = 1 << 2
+
+	policyFlags = EndpointIngressIsolated | EndpointEgressIsolated
 )
 
 // EndpointValue mirrors struct endpoint_value, keyed by the ifindex of a
@@ -374,9 +400,18 @@ const (
 type EndpointValue struct {
 	PodIP netip.Addr
 	Flags EndpointFlags
+	// PolicySlot is the slot of the policy map whose rules are live;
+	// IngressRules and EgressRules count them (PolicyKey.Index 0..n-1).
+	PolicySlot                uint8
+	IngressRules, EgressRules uint16
 }
 
-const endpointValueSize = 8
+const (
+	endpointValueSize = 16
+	// endpointValueV0Size is the size of struct endpoint_value before
+	// network policy: pod_ip and flags only.
+	endpointValueV0Size = 8
+)
 
 // MarshalBinary encodes v as struct endpoint_value.
 func (v EndpointValue) MarshalBinary() ([]byte, error) {
@@ -385,6 +420,9 @@ func (v EndpointValue) MarshalBinary() ([]byte, error) {
 		return nil, err
 	}
 	binary.NativeEndian.PutUint32(b[4:], uint32(v.Flags))
+	b[8] = v.PolicySlot
+	binary.NativeEndian.PutUint16(b[10:], v.IngressRules)
+	binary.NativeEndian.PutUint16(b[12:], v.EgressRules)
 	return b, nil
 }
 
@@ -393,7 +431,195 @@ func (v *EndpointValue) UnmarshalBinary(b []byte) error {
 	if err := checkLen(b, endpointValueSize, "endpoint value"); err != nil {
 		return err
 	}
-	*v = EndpointValue{PodIP: getAddr(b[0:4]), Flags: EndpointFlags(binary.NativeEndian.Uint32(b[4:]))}
+	*v = EndpointValue{
+		PodIP:        getAddr(b[0:4]),
+		Flags:        EndpointFlags(binary.NativeEndian.Uint32(b[4:])),
+		PolicySlot:   b[8],
+		IngressRules: binary.NativeEndian.Uint16(b[10:]),
+		EgressRules:  binary.NativeEndian.Uint16(b[12:]),
+	}
+	return nil
+}
+
+// IPSetKey mirrors struct ipset_key: a prefix of the IP set SetID, in the
+// LPM trie of all sets. Its prefixlen is 32 (the set ID) plus the prefix's.
+// A lookup of (SetID, a /32) finds the longest prefix of the set that holds
+// the address.
+type IPSetKey struct {
+	SetID  uint32
+	Prefix netip.Prefix
+}
+
+const ipsetKeySize = 12
+
+// MarshalBinary encodes k as struct ipset_key. The prefix is masked: the
+// trie ignores the bits beyond the prefix length, and so does the key.
+func (k IPSetKey) MarshalBinary() ([]byte, error) {
+	if !k.Prefix.IsValid() {
+		return nil, fmt.Errorf("IP set %d: invalid prefix %s", k.SetID, k.Prefix)
+	}
+	p := k.Prefix.Masked()
+	if !p.Addr().Is4() {
+		return nil, fmt.Errorf("IP set %d prefix %s: %w", k.SetID, k.Prefix, ErrNotIPv4)
+	}
+	b := make([]byte, ipsetKeySize)
+	binary.NativeEndian.PutUint32(b[0:], uint32(32+p.Bits()))
+	binary.BigEndian.PutUint32(b[4:], k.SetID)
+	a := p.Addr().As4()
+	copy(b[8:], a[:])
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct ipset_key.
+func (k *IPSetKey) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, ipsetKeySize, "IP set key"); err != nil {
+		return err
+	}
+	plen := binary.NativeEndian.Uint32(b[0:])
+	if plen < 32 || plen > 64 {
+		return fmt.Errorf("IP set key: prefixlen %d, want 32..64", plen)
+	}
+	*k = IPSetKey{
+		SetID:  binary.BigEndian.Uint32(b[4:]),
+		Prefix: netip.PrefixFrom(getAddr(b[8:12]), int(plen-32)),
+	}
+	return nil
+}
+
+// String formats k as set/prefix.
+func (k IPSetKey) String() string { return fmt.Sprintf("%d/%s", k.SetID, k.Prefix) }
+
+// IPSetValue mirrors struct ipset_value.
+type IPSetValue struct {
+	// Except carves the prefix out of its set (an ipBlock's except): the
+	// longest prefix wins, so the addresses under it are not members.
+	Except bool
+}
+
+const (
+	ipsetValueSize = 4
+	ipsetExcept    = 1 << 0 // DPC_IPSET_EXCEPT
+)
+
+// MarshalBinary encodes v as struct ipset_value.
+func (v IPSetValue) MarshalBinary() ([]byte, error) {
+	b := make([]byte, ipsetValueSize)
+	if v.Except {
+		binary.NativeEndian.PutUint32(b, ipsetExcept)
+	}
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct ipset_value.
+func (v *IPSetValue) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, ipsetValueSize, "IP set value"); err != nil {
+		return err
+	}
+	*v = IPSetValue{Except: binary.NativeEndian.Uint32(b)&ipsetExcept != 0}
+	return nil
+}
+
+// Direction is the direction of traffic that a policy rule applies to, seen
+// from the workload (DPC_DIR_*). Ingress rules are judged where traffic
+// reaches the workload: at tc egress of its host-side interface.
+type Direction uint8
+
+// Policy directions.
+const (
+	// Ingress is traffic to the workload; its rules match the source.
+	Ingress Direction = 0
+	// Egress is traffic from the workload; its rules match the destination
+	// (after service DNAT: the backend, not the ClusterIP).
+	Egress Direction = 1
+)
+
+// String returns "ingress" or "egress".
+func (d Direction) String() string {
+	switch d {
+	case Ingress:
+		return "ingress"
+	case Egress:
+		return "egress"
+	}
+	return fmt.Sprintf("direction(%d)", uint8(d))
+}
+
+// PolicyKey mirrors struct policy_key: the Index-th rule of an endpoint for
+// one direction, in one of its two slots (0 or 1).
+type PolicyKey struct {
+	Ifindex uint32
+	Dir     Direction
+	Slot    uint8
+	Index   uint16
+}
+
+const policyKeySize = 8
+
+// MarshalBinary encodes k as struct policy_key.
+func (k PolicyKey) MarshalBinary() ([]byte, error) {
+	b := make([]byte, policyKeySize)
+	binary.NativeEndian.PutUint32(b[0:], k.Ifindex)
+	b[4] = byte(k.Dir)
+	b[5] = k.Slot
+	binary.NativeEndian.PutUint16(b[6:], k.Index)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct policy_key.
+func (k *PolicyKey) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, policyKeySize, "policy key"); err != nil {
+		return err
+	}
+	*k = PolicyKey{
+		Ifindex: binary.NativeEndian.Uint32(b[0:]),
+		Dir:     Direction(b[4]),
+		Slot:    b[5],
+		Index:   binary.NativeEndian.Uint16(b[6:]),
+	}
+	return nil
+}
+
+// String formats k as if<ifindex>/<dir>/<slot>/<index>.
+func (k PolicyKey) String() string {
+	return fmt.Sprintf("if%d/%s/%d/%d", k.Ifindex, k.Dir, k.Slot, k.Index)
+}
+
+// PolicyRule mirrors struct policy_rule. A peer (the source for ingress, the
+// destination for egress) matches when it is in the IP set SetID (0: any
+// peer), the packet's protocol is Proto (0: any) and its destination port is
+// within PortMin..PortMax (both 0: any port).
+type PolicyRule struct {
+	SetID            uint32
+	PortMin, PortMax uint16
+	Proto            Proto
+}
+
+const policyRuleSize = 12
+
+// MarshalBinary encodes r as struct policy_rule.
+func (r PolicyRule) MarshalBinary() ([]byte, error) {
+	if r.PortMin > r.PortMax {
+		return nil, fmt.Errorf("policy rule: port range %d-%d is empty", r.PortMin, r.PortMax)
+	}
+	b := make([]byte, policyRuleSize)
+	binary.NativeEndian.PutUint32(b[0:], r.SetID)
+	binary.NativeEndian.PutUint16(b[4:], r.PortMin)
+	binary.NativeEndian.PutUint16(b[6:], r.PortMax)
+	b[8] = byte(r.Proto)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct policy_rule.
+func (r *PolicyRule) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, policyRuleSize, "policy rule"); err != nil {
+		return err
+	}
+	*r = PolicyRule{
+		SetID:   binary.NativeEndian.Uint32(b[0:]),
+		PortMin: binary.NativeEndian.Uint16(b[4:]),
+		PortMax: binary.NativeEndian.Uint16(b[6:]),
+		Proto:   Proto(b[8]),
+	}
 	return nil
 }
 
