@@ -104,10 +104,12 @@
 //
 // # Generated code
 //
-// The C sources are datapath.c and datapath.h (the shared types, mirrored by
-// types.go). The bpf2go object and bindings are committed, so building needs
-// no clang. To regenerate them (clang and llvm-strip, libbpf-dev and the
-// kernel headers installed), from the repository root:
+// The C sources are datapath.c (the programs), a header per concept that
+// it includes (pkt.h, conntrack.h, nat.h, snat.h, policy.h) and datapath.h
+// (the shared types, mirrored by types.go). The bpf2go object and bindings
+// are committed, so building needs no clang. To regenerate them (clang and
+// llvm-strip, libbpf-dev and the kernel headers installed), from the
+// repository root:
 //
 //	go generate ./bpf/...
 //
