@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // Role is what a probe process does.
@@ -24,6 +25,9 @@ const (
 	RoleStream Role = "stream"
 	// RoleUDP sends sequence-numbered datagrams round-robin to several destinations.
 	RoleUDP Role = "udp"
+	// RoleReach tries each of many targets once, all concurrently, reports one outcome
+	// per target and exits: a row of a connectivity matrix.
+	RoleReach Role = "reach"
 )
 
 // Defaults of the roles' settings; a zero field in a Config means its default.
@@ -34,11 +38,17 @@ const (
 	DefaultStreamEvery    = 5 * time.Millisecond
 	DefaultGapThreshold   = 50 * time.Millisecond
 	DefaultUDPEvery       = time.Millisecond
+	DefaultReachTimeout   = 500 * time.Millisecond
+	DefaultReachTries     = 3
 	// MinInterval is the shortest schedule a probe accepts.
 	MinInterval = 100 * time.Microsecond
+	// ReachParallel is how many targets a reach probe tries at once.
+	ReachParallel = 64
+	// MaxReachLabel bounds a reach target's label as it travels (escaped) in a request.
+	MaxReachLabel = 200
 )
 
-// Config is the configuration of one probe role: Serve, Connect, Stream or UDP.
+// Config is the configuration of one probe role: Serve, Connect, Stream, UDP or Reach.
 type Config interface {
 	// Role is the role the probe runs.
 	Role() Role
@@ -127,6 +137,31 @@ type UDP struct {
 	Report time.Duration
 }
 
+// Reach configures RoleReach: one attempt per target, all concurrently (at most
+// ReachParallel at once), then exit.
+type Reach struct {
+	Name    string
+	Targets []Target
+	// Timeout of one try, from its start to the reply; default DefaultReachTimeout.
+	// A reply that arrives later is a timeout too.
+	Timeout time.Duration
+	// Tries per UDP target, each from a new socket (a new flow), until one is
+	// answered (a reply, or an ICMP error: only a timeout is tried again); default
+	// DefaultReachTries. TCP gets one connection per target: a SYN retransmission is
+	// the kernel's business.
+	Tries int
+}
+
+// Target is a cell of a connectivity matrix: where a reach probe tries, and the label
+// its outcome is reported under.
+type Target struct {
+	// Label names the cell, e.g. "y/b TCP/80"; unique within a Reach, and it travels
+	// in the request (the server reports it as the KindRecv's Target).
+	Label string
+	Proto string // "tcp" or "udp"
+	Addr  string // ip:port
+}
+
 // Role implements Config.
 func (Serve) Role() Role { return RoleServe }
 
@@ -139,6 +174,9 @@ func (Stream) Role() Role { return RoleStream }
 // Role implements Config.
 func (UDP) Role() Role { return RoleUDP }
 
+// Role implements Config.
+func (Reach) Role() Role { return RoleReach }
+
 // ProbeName implements Config.
 func (c Serve) ProbeName() string { return c.Name }
 
@@ -150,6 +188,9 @@ func (c Stream) ProbeName() string { return c.Name }
 
 // ProbeName implements Config.
 func (c UDP) ProbeName() string { return c.Name }
+
+// ProbeName implements Config.
+func (c Reach) ProbeName() string { return c.Name }
 
 type args []string
 
@@ -227,6 +268,22 @@ func (c UDP) Args() []string {
 	a.dur("report", c.Report)
 	return a
 }
+
+// Args implements Config.
+func (c Reach) Args() []string {
+	var a args
+	a.str("name", c.Name)
+	for _, t := range c.Targets {
+		a.str("target", t.String())
+	}
+	a.dur("timeout", c.Timeout)
+	a.num("tries", c.Tries)
+	return a
+}
+
+// String renders t as the -target flag takes it: proto,ip:port,label. The label comes
+// last and takes the rest, so it may hold anything, commas included.
+func (t Target) String() string { return t.Proto + "," + t.Addr + "," + t.Label }
 
 // String renders d as the -to flag takes it: label=ip:port.
 func (d Destination) String() string {
@@ -345,6 +402,39 @@ func (c UDP) Validate() error {
 	return errors.Join(checkInterval("interval", c.Interval), checkInterval("report", c.Report))
 }
 
+// Validate implements Config.
+func (c Reach) Validate() error {
+	if err := checkToken("name", c.Name); err != nil {
+		return err
+	}
+	if len(c.Targets) == 0 {
+		return errors.New("reach needs at least one target")
+	}
+	seen := map[string]bool{}
+	for _, t := range c.Targets {
+		switch {
+		case t.Label == "":
+			return fmt.Errorf("target %s %s: the label must not be empty", t.Proto, t.Addr)
+		case !utf8.ValidString(t.Label):
+			return fmt.Errorf("target label %q is not UTF-8", t.Label)
+		case len(appendLabel(nil, t.Label)) > MaxReachLabel:
+			return fmt.Errorf("target label %q is longer than %d bytes on the wire", t.Label, MaxReachLabel)
+		case seen[t.Label]:
+			return fmt.Errorf("target label %q is used twice", t.Label)
+		case t.Proto != "tcp" && t.Proto != "udp":
+			return fmt.Errorf("target %q: protocol %q is not tcp or udp", t.Label, t.Proto)
+		}
+		seen[t.Label] = true
+		if err := checkHostPort(fmt.Sprintf("target %q address", t.Label), t.Addr); err != nil {
+			return err
+		}
+	}
+	if c.Timeout < 0 || c.Tries < 0 {
+		return errors.New("timeout and tries must not be negative")
+	}
+	return nil
+}
+
 func (c Serve) withDefaults() Serve {
 	c.Report = or(c.Report, DefaultReport)
 	return c
@@ -378,6 +468,14 @@ func (c UDP) withDefaults() UDP {
 		if c.To[i].Label == "" {
 			c.To[i].Label = c.To[i].Addr
 		}
+	}
+	return c
+}
+
+func (c Reach) withDefaults() Reach {
+	c.Timeout = or(c.Timeout, DefaultReachTimeout)
+	if c.Tries == 0 {
+		c.Tries = DefaultReachTries
 	}
 	return c
 }
@@ -422,6 +520,20 @@ func (f destFlag) Set(s string) error {
 		d = Destination{Label: label, Addr: addr}
 	}
 	*f.d = append(*f.d, d)
+	return nil
+}
+
+type targetFlag struct{ t *[]Target }
+
+func (f targetFlag) String() string { return "" }
+
+func (f targetFlag) Set(s string) error {
+	proto, rest, ok1 := strings.Cut(s, ",")
+	addr, label, ok2 := strings.Cut(rest, ",")
+	if !ok1 || !ok2 {
+		return fmt.Errorf("target %q is not proto,ip:port,label", s)
+	}
+	*f.t = append(*f.t, Target{Label: label, Proto: proto, Addr: addr})
 	return nil
 }
 
@@ -471,8 +583,15 @@ func parseConfig(role Role, argv []string, stderr io.Writer) (Config, error) {
 		fs.IntVar(&c.Count, "count", 0, "stop after this many datagrams (0: until stopped)")
 		fs.DurationVar(&c.Report, "report", DefaultReport, "watermark period")
 		cfg = c
+	case RoleReach:
+		c := &Reach{}
+		fs.StringVar(&c.Name, "name", "", "probe name (required)")
+		fs.Var(targetFlag{&c.Targets}, "target", "target proto,ip:port,label (repeatable; the label takes the rest)")
+		fs.DurationVar(&c.Timeout, "timeout", DefaultReachTimeout, "timeout of one try")
+		fs.IntVar(&c.Tries, "tries", DefaultReachTries, "tries per UDP target, each from a new socket")
+		cfg = c
 	default:
-		return nil, fmt.Errorf("unknown role %q (serve, connect, stream, udp)", role)
+		return nil, fmt.Errorf("unknown role %q (serve, connect, stream, udp, reach)", role)
 	}
 	if err := fs.Parse(argv); err != nil {
 		return nil, err
@@ -488,6 +607,8 @@ func parseConfig(role Role, argv []string, stderr io.Writer) (Config, error) {
 	case *Stream:
 		cfg = c.withDefaults()
 	case *UDP:
+		cfg = c.withDefaults()
+	case *Reach:
 		cfg = c.withDefaults()
 	}
 	if err := cfg.Validate(); err != nil {

@@ -81,55 +81,81 @@ func (c *connector) run(ctx context.Context) (int, error) {
 	return int(c.made.Load()), nil
 }
 
-// attempt makes one connection: connect, send one request, read the reply, then wait
-// for the server's FIN so that the client is never the side left in TIME_WAIT.
-func (c *connector) attempt(seq uint64, t0 monotime.Time) (ev Event) {
-	ev = Event{Time: t0, Kind: KindAttempt, Seq: seq, Target: c.cfg.Target}
-	deadline := t0.Add(c.cfg.Timeout)
-	fail := func(phase string, err error) Event {
-		ev.Outcome, ev.Err = classify(phase, err)
-		ev.Latency = monotime.Since(t0)
-		return ev
-	}
+// attempt makes one connection and reports it.
+func (c *connector) attempt(seq uint64, t0 monotime.Time) Event {
+	ev := Event{Time: t0, Kind: KindAttempt, Seq: seq, Target: c.cfg.Target}
+	exchangeTCP(&ev, c.cfg.Target, request{kind: reqConnect, from: c.cfg.Name, seq: seq, sent: t0, label: c.cfg.Label}, c.cfg.Timeout)
+	return ev
+}
+
+// exchangeTCP makes one connection to addr: connect, send req, read the reply, then
+// wait for the server's FIN so that the client is never the side left in TIME_WAIT.
+// The attempt started at req.sent and has timeout from then to the reply. It sets ev's
+// Outcome, Err, Latency and Backend, and returns the connection's local address (nil
+// when it never connected).
+func exchangeTCP(ev *Event, addr string, req request, timeout time.Duration) (local net.Addr) {
+	t0 := req.sent
+	deadline := t0.Add(timeout)
+	fail := func(phase string, err error) { failed(ev, t0, phase, err) }
 	d := net.Dialer{Deadline: deadline.Deadline(), KeepAlive: -1}
-	conn, err := d.Dial("tcp", c.cfg.Target)
+	conn, err := d.Dial("tcp", addr)
 	if err != nil {
-		return fail("connect", err)
+		fail("connect", err)
+		return nil
 	}
 	defer conn.Close()
+	local = conn.LocalAddr()
 	if err := conn.SetDeadline(deadline.Deadline()); err != nil {
-		return fail("connect", err)
+		fail("connect", err)
+		return local
 	}
 	var buf [256]byte
-	req := request{kind: reqConnect, from: c.cfg.Name, seq: seq, sent: t0, label: c.cfg.Label}.append(buf[:0])
-	if _, err := conn.Write(req); err != nil {
-		return fail("send", err)
+	if _, err := conn.Write(req.append(buf[:0])); err != nil {
+		fail("send", err)
+		return local
 	}
 	line, rest, err := readLine(conn, buf[:])
 	t1 := monotime.Now()
 	if err != nil {
 		if err == io.EOF && len(line) > 0 {
 			ev.Outcome, ev.Err, ev.Latency = WrongReply, fmt.Sprintf("reply: truncated %q", line), t1.Sub(t0)
-			return ev
+			return local
 		}
-		return fail("reply", err)
+		fail("reply", err)
+		return local
 	}
-	ev.Latency = t1.Sub(t0)
-	if t1 > deadline {
-		ev.Outcome, ev.Err = Timeout, fmt.Sprintf("reply: arrived after the %v timeout", c.cfg.Timeout)
-		return ev
+	if !judgeReply(ev, line, req, t1, timeout) {
+		return local
 	}
-	name, rseq, ok := parseReply(line)
-	if !ok || rseq != seq {
-		ev.Outcome, ev.Err = WrongReply, fmt.Sprintf("reply: %q is not the answer to request %d", line, seq)
-		return ev
-	}
-	ev.Outcome, ev.Backend = OK, name
 	if !rest {
 		// Wait for the FIN (usually already here, behind the reply).
 		_, _ = io.Copy(io.Discard, conn)
 	}
-	return ev
+	return local
+}
+
+// failed sets ev's Outcome and Err from the error of phase, and its Latency from t0.
+func failed(ev *Event, t0 monotime.Time, phase string, err error) {
+	ev.Outcome, ev.Err = classify(phase, err)
+	ev.Latency = monotime.Since(t0)
+}
+
+// judgeReply sets ev's Outcome, Latency and Backend (or Err) from the reply line to
+// req received at t1: ok with the server's name, a timeout when it came later than
+// timeout after req.sent, or a wrong reply. It reports whether the reply is the answer.
+func judgeReply(ev *Event, line []byte, req request, t1 monotime.Time, timeout time.Duration) bool {
+	ev.Latency = t1.Sub(req.sent)
+	if ev.Latency > timeout {
+		ev.Outcome, ev.Err = Timeout, fmt.Sprintf("reply: arrived after the %v timeout", timeout)
+		return false
+	}
+	name, rseq, ok := parseReply(line)
+	if !ok || rseq != req.seq {
+		ev.Outcome, ev.Err = WrongReply, fmt.Sprintf("reply: %q is not the answer to request %d", line, req.seq)
+		return false
+	}
+	ev.Outcome, ev.Backend = OK, name
+	return true
 }
 
 // readLine reads one line (without its newline) into buf; rest reports whether the

@@ -17,12 +17,19 @@
 //     over the gap threshold, and every end of a stream, is its own event.
 //   - udp: sequence-numbered datagrams sent round-robin to several destinations (S and
 //     D alternately), one per interval (default 1 ms), from the first packet possible.
+//   - reach: one row of a connectivity matrix (a NetworkPolicy truth table): each of
+//     many labelled targets tried once, up to ReachParallel at a time, one "reach"
+//     event per target, then the probe exits by itself. TCP: one connection, request
+//     and reply; UDP: a request datagram from a new socket, tried again from another
+//     only on a timeout (Tries, default 3). Each try has Timeout (default 500 ms).
 //
 // # Outcomes
 //
 // A RST in answer to a SYN surfaces on Linux as ECONNREFUSED and is reported as
 // Refused; a RST on an established connection (ECONNRESET, or EPIPE on a later write)
-// as Reset. IsResetOrRefused groups both. A missing answer within the attempt's
+// as Reset. IsResetOrRefused groups both; for UDP (reach) an ICMP port unreachable
+// is Refused too, though Linux rate-limits those per peer, so a closed UDP port may
+// also show as a Timeout. A missing answer within the attempt's
 // timeout is Timeout, and so is a reply that arrives after it (a SYN dropped once is
 // retransmitted after 1 s, so with the default 1 s timeout it is always a timeout).
 // A stream whose peer closes (FIN) keeps writing: the next write draws a RST when the
@@ -34,11 +41,12 @@
 // Every line is one Event (see its fields and the Kind constants), with short keys:
 //
 //	t     CLOCK_MONOTONIC ns: when the attempt started (or the event happened)
-//	k     kind: ready attempt open echo gap end sent recv mark error done (exit)
+//	k     kind: ready attempt open echo gap end sent recv reach mark error done (exit)
 //	p     probe name (in "ready"; the suite's Process sets it on every event)
 //	role  pid  seq  s (stream, from 1)  o (outcome)  lat (ns)  t1 (end, ns)  n (count)
 //	gap (ns)  gt (gap start)  b (backend that answered)  dst (target address or label)
-//	peer (source address seen)  from (sender probe)  proto  err
+//	peer (source address seen; reach: the one it used)  from (sender probe)  proto  err
+//	label (reach: the target's label)
 //
 // For example:
 //
@@ -47,6 +55,8 @@
 //	{"t":1091618901251,"k":"attempt","seq":2,"o":"refused","lat":708488,"dst":"10.0.0.1:30080","err":"connect: connection refused (RST or ICMP port unreachable)"}
 //	{"t":1084879605921,"k":"echo","seq":20,"s":1,"t1":1084975336949,"n":20,"gap":5719144,"gt":1084900207041,"b":"pod-a"}
 //	{"t":1085182815389,"k":"recv","seq":1,"t1":1085182995387,"b":"pod-s","dst":"S","peer":"10.0.0.9:60166","from":"p","proto":"udp"}
+//	{"t":1085201114530,"k":"reach","seq":2,"o":"ok","lat":412301,"n":1,"b":"b","dst":"10.99.0.2:80","label":"y/b TCP/80","peer":"10.99.0.1:41236","proto":"tcp"}
+//	{"t":1085201114872,"k":"reach","seq":3,"o":"timeout","lat":500093412,"n":3,"dst":"10.99.0.3:81","label":"y/c UDP/81","peer":"10.99.0.1:50611","proto":"udp","err":"reply: no answer before the deadline"}
 //	{"t":1085250000000,"k":"mark"}
 //	{"t":1085260000000,"k":"done","n":2431}
 //
@@ -56,7 +66,8 @@
 // # Control
 //
 // A probe reads commands on stdin: "stop" (or the end of stdin, or SIGTERM) stops it
-// cleanly: no new attempts, those in flight finish, a "done" event, exit 0. "mark"
+// cleanly: no new attempts, those in flight finish, a "done" event, exit 0 (a reach
+// probe reports the targets it has not tried as skipped). "mark"
 // asks for a watermark now. Because the end of stdin stops it, a probe also ends when
 // the suite that started it dies.
 //

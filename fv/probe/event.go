@@ -47,13 +47,21 @@ const (
 	// destination labelled Target; End is when it arrived, Peer the source address
 	// seen, Proto tcp or udp, Backend this server's name.
 	KindRecv Kind = "recv"
+	// KindReach (reach): the outcome for the target labelled Label, at address Target
+	// over Proto. Time is when the try that decided it started (for UDP the answered
+	// try, or the last), Count the tries made, Outcome ok with Backend the server that
+	// answered, or how it failed (timeout, refused, reset, unreachable, no-reply,
+	// wrong-reply, error; skipped when the probe was stopped before trying), Latency
+	// that try's start to its reply or failure, Peer the local address it used (when
+	// it had one), Seq the target's position in the configuration, from 1.
+	KindReach Kind = "reach"
 	// KindMark is a watermark: every event about an attempt that started before Time
 	// has already been written.
 	KindMark Kind = "mark"
 	// KindError reports a problem of the probe itself (Err), not of the path measured.
 	KindError Kind = "error"
 	// KindDone is the last event of a probe that stopped cleanly; Count is the number
-	// of attempts, datagrams or echoes it made.
+	// of attempts, datagrams, echoes or targets it made.
 	KindDone Kind = "done"
 	// KindExit is not written by probes: the suite's Process adds it when the probe
 	// process ends. Outcome is ok (clean), killed (by Kill) or crashed, Err says how.
@@ -109,6 +117,7 @@ type Event struct {
 	GapAt   monotime.Time `json:"gt,omitempty"`
 	Backend string        `json:"b,omitempty"`
 	Target  string        `json:"dst,omitempty"`
+	Label   string        `json:"label,omitempty"` // reach: the target's label
 	Peer    string        `json:"peer,omitempty"`
 	From    string        `json:"from,omitempty"`
 	Proto   string        `json:"proto,omitempty"`

@@ -27,9 +27,11 @@ roles:
   connect  -name N -target HOST:PORT [-interval 2ms] [-timeout 1s] [-count N]
   stream   -name N -target HOST:PORT [-streams K] [-interval 5ms]
   udp      -name N -to LABEL=IP:PORT [-to ...] [-interval 1ms]
+  reach    -name N -target PROTO,IP:PORT,LABEL [-target ...] [-timeout 500ms] [-tries 3]
 
 The probe writes one JSON event per line on stdout and reads commands on stdin:
 "stop" (or closing stdin, or SIGTERM) stops it cleanly, "mark" asks for a watermark.
+A reach probe exits by itself once it has reported every target.
 "probe <role> -h" lists a role's flags.
 `
 
@@ -145,8 +147,9 @@ func control(ctx context.Context, stdin io.Reader, stop func(), r runner, em *em
 
 // runner is one role at work.
 type runner interface {
-	// run works until ctx is cancelled, lets what is in flight finish, and returns the
-	// number of attempts, datagrams or echoes made.
+	// run works until ctx is cancelled (a reach probe: until it has tried every
+	// target), lets what is in flight finish, and returns the number of attempts,
+	// datagrams, echoes or targets made.
 	run(ctx context.Context) (int, error)
 	// mark returns the current watermark.
 	mark() monotime.Time
@@ -162,6 +165,8 @@ func newRunner(cfg Config, em *emitter) (runner, error) {
 		return newStreamer(c, em), nil
 	case UDP:
 		return newUDPSender(c, em)
+	case Reach:
+		return newReacher(c, em), nil
 	}
 	return nil, fmt.Errorf("no runner for %T", cfg)
 }

@@ -122,7 +122,8 @@ type Process struct {
 var ErrProbe = errors.New("probe failed")
 
 // Start starts cfg's probe through s and waits until the probe reports ready (it
-// listens, or its schedule is about to start), the process exits, or ctx ends.
+// listens, or its schedule is about to start), the process exits, or ctx ends. A probe
+// that was ready is returned even if it has exited since (see Done and Err).
 func Start(ctx context.Context, s Starter, prog Program, cfg Config, opts Options) (*Process, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %s %s: %w", ErrProbe, cfg.Role(), cfg.ProbeName(), err)
@@ -161,6 +162,13 @@ func Start(ctx context.Context, s Starter, prog Program, cfg Config, opts Option
 	case <-p.ready:
 		return p, nil
 	case <-p.done:
+		select {
+		case <-p.ready:
+			// Ready, and already done: a reach probe may finish this fast, and a
+			// select between two closed channels picks either.
+			return p, nil
+		default:
+		}
 		return nil, fmt.Errorf("%w: %s exited before it was ready: %w", ErrProbe, p, p.Err())
 	case <-ctx.Done():
 		kctx, kcancel := context.WithTimeout(context.Background(), 5*time.Second)

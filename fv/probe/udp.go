@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"time"
 
 	"github.com/dpconform/dpconform/fv/monotime"
 )
@@ -91,4 +92,39 @@ func sendOnce(to *net.UDPAddr, b []byte) error {
 	defer c.Close()
 	_, err = c.Write(b)
 	return err
+}
+
+// exchangeUDP sends req in one datagram from a new socket (a new flow for the
+// dataplane) and waits for the answer until timeout after req.sent. The socket is
+// connected, so an ICMP error in answer comes back as one (port unreachable: Refused),
+// and a datagram from any other address is not taken for the answer. It sets ev's
+// Outcome, Err, Latency and Backend, and returns the socket's local address (nil when
+// it could not open one).
+func exchangeUDP(ev *Event, addr string, req request, timeout time.Duration) net.Addr {
+	t0 := req.sent
+	deadline := t0.Add(timeout).Deadline()
+	d := net.Dialer{Deadline: deadline}
+	c, err := d.Dial("udp", addr)
+	if err != nil {
+		failed(ev, t0, "socket", err)
+		return nil
+	}
+	defer c.Close()
+	local := c.LocalAddr()
+	if err := c.SetDeadline(deadline); err != nil {
+		failed(ev, t0, "socket", err)
+		return local
+	}
+	var buf [512]byte
+	if _, err := c.Write(req.append(buf[:0])); err != nil {
+		failed(ev, t0, "send", err)
+		return local
+	}
+	n, err := c.Read(buf[:])
+	if err != nil {
+		failed(ev, t0, "reply", err)
+		return local
+	}
+	judgeReply(ev, buf[:n], req, monotime.Now(), timeout)
+	return local
 }

@@ -3,6 +3,7 @@ package probe
 import (
 	"bytes"
 	"fmt"
+	"net/url"
 	"strconv"
 	"strings"
 
@@ -22,6 +23,10 @@ import (
 //
 // Any other line is answered with "<server-name>\n", which makes the identity easy to
 // read with nc.
+//
+// A label is percent-escaped on the wire (space, control bytes and '%'; a label "-"
+// as "%2D"), so that one can name a cell of a matrix, "y/b TCP/80", and still be one
+// field; an empty label is "-".
 const wireMagic = "DPC1"
 
 const (
@@ -47,12 +52,37 @@ func (r request) append(b []byte) []byte {
 	b = append(b, ' ')
 	b = strconv.AppendInt(b, int64(r.sent), 10)
 	b = append(b, ' ')
-	if r.label == "" {
-		b = append(b, '-')
-	} else {
-		b = append(b, r.label...)
-	}
+	b = appendLabel(b, r.label)
 	return append(b, '\n')
+}
+
+func appendLabel(b []byte, label string) []byte {
+	const hex = "0123456789ABCDEF"
+	switch label {
+	case "":
+		return append(b, '-')
+	case "-":
+		return append(b, "%2D"...)
+	}
+	for i := 0; i < len(label); i++ {
+		if c := label[i]; c <= ' ' || c == '%' || c == 0x7f {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		} else {
+			b = append(b, c)
+		}
+	}
+	return b
+}
+
+func parseLabel(field string) (string, bool) {
+	if field == "-" {
+		return "", true
+	}
+	if strings.IndexByte(field, '%') < 0 {
+		return field, true
+	}
+	s, err := url.PathUnescape(field)
+	return s, err == nil
 }
 
 func parseRequest(line []byte) (request, bool) {
@@ -62,14 +92,11 @@ func parseRequest(line []byte) (request, bool) {
 	}
 	seq, err1 := strconv.ParseUint(string(f[3]), 10, 64)
 	sent, err2 := strconv.ParseInt(string(f[4]), 10, 64)
-	if err1 != nil || err2 != nil {
+	label, ok := parseLabel(string(f[5]))
+	if err1 != nil || err2 != nil || !ok {
 		return request{}, false
 	}
-	r := request{kind: f[1][0], from: string(f[2]), seq: seq, sent: monotime.Time(sent), label: string(f[5])}
-	if r.label == "-" {
-		r.label = ""
-	}
-	return r, true
+	return request{kind: f[1][0], from: string(f[2]), seq: seq, sent: monotime.Time(sent), label: label}, true
 }
 
 func appendReply(b []byte, name string, seq uint64) []byte {

@@ -280,6 +280,15 @@ func Describe(e probe.Event) string {
 			to = " (to " + e.Target + ")"
 		}
 		return fmt.Sprintf("received %s #%d from %s%s after %s", e.Proto, e.Seq, e.From, to, ms(e.End.Sub(e.Time)))
+	case probe.KindReach:
+		tries := ""
+		if e.Count > 1 {
+			tries = fmt.Sprintf(" (try %d)", e.Count)
+		}
+		if e.Outcome == probe.OK {
+			return fmt.Sprintf("reach %q (%s %s): ok in %.2f ms%s, answered by %s", e.Label, e.Proto, e.Target, float64(e.Latency)/1e6, tries, e.Backend)
+		}
+		return fmt.Sprintf("reach %q (%s %s): %s after %s%s (%s)", e.Label, e.Proto, e.Target, fail, ms(e.Latency), tries, e.Err)
 	case probe.KindMark:
 		return "watermark"
 	case probe.KindError:
