@@ -47,6 +47,7 @@ type World struct {
 	mu        sync.Mutex
 	probes    []*probe.Process // clients, stopped by StopProbes
 	servers   []*probe.Process // servers, stopped by Cleanup
+	reaches   []*probe.Process // reach probes, which end on their own (Reach waits)
 	retired   map[string]monotime.Time
 	kubeProxy map[string]*kubeproxy.Fixture // by node, while it holds the node
 }
@@ -274,7 +275,9 @@ func (w *World) Switch(ctx context.Context, n topologies.Node) error {
 
 // StartProbe starts a probe on h whose events go to the timeline, and to each of
 // observe. StopProbes stops client probes; servers (probe.Serve) keep running until
-// Cleanup, across specs.
+// Cleanup, across specs; reach probes (probe.Reach, see Reach) end on their own, and
+// StopProbes leaves them alone, so that a scenario that stops its traffic never cuts
+// a matrix short.
 func (w *World) StartProbe(ctx context.Context, h topologies.Host, cfg probe.Config, observe ...func(probe.Event)) (*probe.Process, error) {
 	tl := w.Timeline
 	onEvent := tl.Add
@@ -291,13 +294,126 @@ func (w *World) StartProbe(ctx context.Context, h topologies.Host, cfg probe.Con
 		return nil, fmt.Errorf("on %s: %w", h.Name(), err)
 	}
 	w.mu.Lock()
-	if cfg.Role() == probe.RoleServe {
+	switch cfg.Role() {
+	case probe.RoleServe:
 		w.servers = append(w.servers, p)
-	} else {
+	case probe.RoleReach:
+		w.reaches = append(w.reaches, p)
+	default:
 		w.probes = append(w.probes, p)
 	}
 	w.mu.Unlock()
 	return p, nil
+}
+
+// ReachStartup is what Reach allows a reach probe to start, get ready and exit, on
+// top of the time its tries can take.
+const ReachStartup = 15 * time.Second
+
+// ReachBudget is how long Reach waits for cfg's probe: ReachStartup plus twice the
+// longest its tries can take, ReachParallel targets at a time.
+func ReachBudget(cfg probe.Reach) time.Duration {
+	timeout := cmp.Or(cfg.Timeout, probe.DefaultReachTimeout)
+	tries := 1
+	for _, t := range cfg.Targets {
+		if t.Proto == "udp" {
+			tries = cmp.Or(cfg.Tries, probe.DefaultReachTries)
+		}
+	}
+	rounds := (len(cfg.Targets) + probe.ReachParallel - 1) / probe.ReachParallel
+	return ReachStartup + 2*time.Duration(rounds*tries)*timeout
+}
+
+// Reach runs a reach probe on h to completion and returns its outcomes: one
+// probe.KindReach event per target, in cfg's order, its Label the target's. A cell is
+// reached when its Outcome is probe.OK, and Backend then names the server that
+// answered; anything else (a Timeout for a dropped flow, Refused or Reset for a
+// rejected one) is not. The probe's events go on the timeline too, and it is retired
+// once done (see Window).
+//
+// Reach waits at most ReachBudget(cfg) and as long as ctx allows. Calls may run
+// concurrently, each with a probe name of its own. An error (wrapping probe.ErrProbe)
+// says what went wrong with the instrument, the targets without an outcome, and the
+// probe's stderr.
+func (w *World) Reach(ctx context.Context, h topologies.Host, cfg probe.Reach) ([]probe.Event, error) {
+	budget := ReachBudget(cfg)
+	ctx, cancel := context.WithTimeoutCause(ctx, budget, fmt.Errorf("not done within its budget of %s", budget))
+	defer cancel()
+	p, err := w.StartProbe(ctx, h, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var late error
+	select {
+	case <-p.Done():
+	case <-ctx.Done():
+		late = fmt.Errorf("%w: %s on %s: %w", probe.ErrProbe, p, h.Name(), context.Cause(ctx))
+		kctx, kcancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = p.Kill(kctx)
+		kcancel()
+	}
+	// The probe has exited: this only takes it off the client list and retires it.
+	_ = w.StopProbe(context.WithoutCancel(ctx), p)
+	evs, problem := reachOutcomes(cfg, p.Events())
+	if problem != "" {
+		problem = "; " + problem
+	}
+	switch {
+	case late != nil:
+		return nil, fmt.Errorf("%w%s; stderr: %s", late, problem, p.Stderr())
+	case p.Err() != nil: // how it ended, with its stderr
+		return nil, fmt.Errorf("on %s: %w%s", h.Name(), p.Err(), problem)
+	case problem != "":
+		return nil, fmt.Errorf("%w: %s on %s%s; stderr: %s", probe.ErrProbe, p, h.Name(), problem, p.Stderr())
+	}
+	return evs, nil
+}
+
+// reachOutcomes picks the one KindReach event of each of cfg's targets, in cfg's
+// order, or says which targets have none (or only a skipped one: the probe was
+// stopped, which is no verdict on the cell), or more than one.
+func reachOutcomes(cfg probe.Reach, events []probe.Event) ([]probe.Event, string) {
+	got := map[string][]probe.Event{}
+	for _, e := range events {
+		if e.Kind == probe.KindReach {
+			got[e.Label] = append(got[e.Label], e)
+		}
+	}
+	out := make([]probe.Event, 0, len(cfg.Targets))
+	var missing, skipped, twice []string
+	for _, t := range cfg.Targets {
+		es := got[t.Label]
+		delete(got, t.Label)
+		switch {
+		case len(es) == 0:
+			missing = append(missing, fmt.Sprintf("%q", t.Label))
+		case len(es) == 1 && es[0].Outcome == probe.Skipped:
+			skipped = append(skipped, fmt.Sprintf("%q", t.Label))
+		case len(es) == 1:
+			out = append(out, es[0])
+		default:
+			twice = append(twice, fmt.Sprintf("%q", t.Label))
+		}
+	}
+	var problems []string
+	if len(missing) > 0 {
+		problems = append(problems, fmt.Sprintf("no outcome for %d of %d targets: %s", len(missing), len(cfg.Targets), strings.Join(missing, ", ")))
+	}
+	if len(skipped) > 0 {
+		problems = append(problems, fmt.Sprintf("stopped before it tried %d of %d targets: %s", len(skipped), len(cfg.Targets), strings.Join(skipped, ", ")))
+	}
+	if len(twice) > 0 {
+		problems = append(problems, "more than one outcome for "+strings.Join(twice, ", "))
+	}
+	if len(got) > 0 {
+		var unknown []string
+		for l := range got {
+			unknown = append(unknown, fmt.Sprintf("%q", l))
+		}
+		slices.Sort(unknown)
+		problems = append(problems, "outcomes for targets not asked for: "+strings.Join(unknown, ", "))
+	}
+	return out, strings.Join(problems, "; ")
 }
 
 // StopProbes stops every client probe gracefully (they flush their last events) and
@@ -312,10 +428,12 @@ func (w *World) StopProbes(ctx context.Context) error {
 	return err
 }
 
-// StopProbe stops one client probe gracefully, within ProbeStopTimeout, and retires it.
+// StopProbe stops one client or reach probe gracefully, within ProbeStopTimeout, and
+// retires it.
 func (w *World) StopProbe(ctx context.Context, p *probe.Process) error {
 	w.mu.Lock()
 	w.probes = slices.DeleteFunc(w.probes, func(q *probe.Process) bool { return q == p })
+	w.reaches = slices.DeleteFunc(w.reaches, func(q *probe.Process) bool { return q == p })
 	w.mu.Unlock()
 	err := stopAll(ctx, []*probe.Process{p})
 	w.retire([]*probe.Process{p})
@@ -378,12 +496,12 @@ func stopAll(ctx context.Context, ps []*probe.Process) error {
 // implementation from every node.
 func (w *World) Cleanup(ctx context.Context) error {
 	w.mu.Lock()
-	servers := w.servers
-	w.servers = nil
+	servers, reaches := w.servers, w.reaches
+	w.servers, w.reaches = nil, nil
 	kps := w.kubeProxy
 	w.kubeProxy = nil
 	w.mu.Unlock()
-	errs := []error{w.StopProbes(ctx), stopAll(ctx, servers)}
+	errs := []error{w.StopProbes(ctx), stopAll(ctx, reaches), stopAll(ctx, servers)}
 	for _, n := range w.Topo.Nodes() {
 		errs = append(errs, w.Driver.Cleanup(ctx, NodeEnv(n)))
 		if f := kps[n.Name()]; f != nil {
