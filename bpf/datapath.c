@@ -41,8 +41,9 @@ struct {
 } dpc_endpoints SEC(".maps");
 
 /* from_iface handles a packet entering the node: on the host interface
- * (host != 0) or from a workload. */
-static __always_inline int from_iface(struct __sk_buff *skb, int host)
+ * (ep == NULL) or from the workload ep, whose egress policy judges the new
+ * flows it opens. */
+static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoint_value *ep)
 {
 	struct frontend_key fk = {};
 	struct frontend_value *fe;
@@ -50,6 +51,7 @@ static __always_inline int from_iface(struct __sk_buff *skb, int host)
 	struct backend_value *be;
 	struct ct_value *ct;
 	struct pkt p = {};
+	int host = !ep;
 	__u32 flags = host ? DPC_CT_HOST_INGRESS : 0;
 	__u64 now;
 
@@ -69,6 +71,11 @@ static __always_inline int from_iface(struct __sk_buff *skb, int host)
 			return TC_ACT_OK;
 		}
 		if (ct->flags & DPC_CT_REPLY) {
+			/* A workload whose ingress is isolated answers only
+			 * the flows its policy admitted. */
+			if (ep && (ep->flags & DPC_EP_INGRESS_ISOLATED) &&
+			    !(ct->flags & DPC_CT_INGRESS_OK))
+				return TC_ACT_SHOT;
 			/* Reverse DNAT happens where the reply leaves. */
 			set_mark(skb, DPC_MARK_SEEN);
 			return TC_ACT_OK;
@@ -83,7 +90,9 @@ static __always_inline int from_iface(struct __sk_buff *skb, int host)
 		/* A SYN on a known tuple: re-check the service below, so a
 		 * reused tuple does not stick to a backend that has gone. If
 		 * the backend stays, so do the entries (and the SNAT port,
-		 * which snat checks is still the flow's own). */
+		 * which snat checks is still the flow's own). Policy judges
+		 * the new flow afresh, at both ends. */
+		ingress_restart(&p.tuple, ct);
 	}
 
 	fk.addr = p.tuple.dst;
@@ -91,13 +100,16 @@ static __always_inline int from_iface(struct __sk_buff *skb, int host)
 	fk.proto = p.tuple.proto;
 	fe = bpf_map_lookup_elem(&dpc_frontends, &fk);
 	if (!fe) {
-		if (!ct) {
-			if (is_tcp_midflow(&p)) {
-				set_mark(skb, DPC_MARK_FALLTHROUGH);
-				return TC_ACT_OK;
-			}
-			track_plain(&p.tuple, flags, now);
+		if (!ct && is_tcp_midflow(&p)) {
+			set_mark(skb, DPC_MARK_FALLTHROUGH);
+			return TC_ACT_OK;
 		}
+		/* A new flow without NAT, or a SYN that restarts one. */
+		if (ep && policy_denies(ep, skb->ifindex, DPC_DIR_EGRESS, p.tuple.dst, p.tuple.dport,
+					p.tuple.proto))
+			return TC_ACT_SHOT;
+		if (!ct)
+			track_plain(&p.tuple, flags, now);
 		set_mark(skb, DPC_MARK_SEEN);
 		return TC_ACT_OK;
 	}
@@ -115,6 +127,9 @@ static __always_inline int from_iface(struct __sk_buff *skb, int host)
 	be = bpf_map_lookup_elem(&dpc_backends, &bk);
 	if (!be)
 		return TC_ACT_SHOT;
+	/* Policy sees the backend, not the frontend. */
+	if (ep && policy_denies(ep, skb->ifindex, DPC_DIR_EGRESS, be->addr, be->port, p.tuple.proto))
+		return TC_ACT_SHOT;
 	if (!(ct && (ct->flags & DPC_CT_DNAT) && ct->nat_addr == be->addr &&
 	      ct->nat_port == be->port)) {
 		if (track_nat(&p.tuple, be, fe->service_id, flags, now) < 0)
@@ -126,12 +141,14 @@ static __always_inline int from_iface(struct __sk_buff *skb, int host)
 	return TC_ACT_OK;
 }
 /* to_iface handles a packet leaving the node: on the host interface
- * (host != 0) or to a workload. */
-static __always_inline int to_iface(struct __sk_buff *skb, int host)
+ * (ep == NULL) or to the workload ep, whose ingress policy judges the flows
+ * that reach it. */
+static __always_inline int to_iface(struct __sk_buff *skb, const struct endpoint_value *ep)
 {
 	struct ct_key r = {};
 	struct ct_value *ct;
 	struct pkt p = {};
+	int host = !ep;
 	__u64 now;
 
 	if (parse(skb, &p) < 0)
@@ -140,6 +157,9 @@ static __always_inline int to_iface(struct __sk_buff *skb, int host)
 	now = bpf_ktime_get_ns();
 	ct = bpf_map_lookup_elem(&dpc_conntrack, &p.tuple);
 	if (ct) {
+		if (ep && !(ct->flags & DPC_CT_REPLY) &&
+		    !ingress_admit(ep, skb->ifindex, &p, &p.tuple, ct))
+			return TC_ACT_SHOT;
 		touch(ct, &p, now);
 		if ((ct->flags & (DPC_CT_REPLY | DPC_CT_DNAT)) == (DPC_CT_REPLY | DPC_CT_DNAT) &&
 		    rewrite(skb, &p, 0, ct->nat_addr, ct->nat_port) < 0)
@@ -158,6 +178,8 @@ static __always_inline int to_iface(struct __sk_buff *skb, int host)
 			return TC_ACT_SHOT;
 		return TC_ACT_OK; /* not tracked here, e.g. from the host itself */
 	}
+	if (ep && !ingress_admit(ep, skb->ifindex, &p, &r, ct))
+		return TC_ACT_SHOT;
 	touch(ct, &p, now);
 	if (host && (ct->flags & (DPC_CT_DNAT | DPC_CT_HOST_INGRESS)) ==
 			    (DPC_CT_DNAT | DPC_CT_HOST_INGRESS) &&
@@ -179,13 +201,13 @@ static __always_inline struct endpoint_value *endpoint(struct __sk_buff *skb)
 SEC("tc")
 int tc_host_ingress(struct __sk_buff *skb)
 {
-	return from_iface(skb, 1);
+	return from_iface(skb, NULL);
 }
 
 SEC("tc")
 int tc_host_egress(struct __sk_buff *skb)
 {
-	return to_iface(skb, 1);
+	return to_iface(skb, NULL);
 }
 
 /* tc ingress of a workload's host-side interface: traffic from the workload. */
@@ -201,14 +223,16 @@ int tc_ep_ingress(struct __sk_buff *skb)
 		if (bpf_skb_load_bytes(skb, IP_OFF, &ip, sizeof(ip)) < 0 || ip.saddr != ep->pod_ip)
 			return TC_ACT_SHOT;
 	}
-	return from_iface(skb, 0);
+	return from_iface(skb, ep);
 }
 
 /* tc egress of a workload's host-side interface: traffic to the workload. */
 SEC("tc")
 int tc_ep_egress(struct __sk_buff *skb)
 {
-	if (!endpoint(skb))
+	struct endpoint_value *ep = endpoint(skb);
+
+	if (!ep)
 		return TC_ACT_OK;
-	return to_iface(skb, 0);
+	return to_iface(skb, ep);
 }

@@ -109,7 +109,7 @@ func CheckKernel() error {
 	}
 	for _, fn := range []asm.BuiltinFunc{
 		asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnL3CsumReplace,
-		asm.FnL4CsumReplace, asm.FnKtimeGetNs,
+		asm.FnL4CsumReplace, asm.FnKtimeGetNs, asm.FnLoop,
 	} {
 		if err := features.HaveProgramHelper(ebpf.SchedCLS, fn); err != nil {
 			return fmt.Errorf("kernel lacks BPF helper %s for tc programs: %w", fn, err)

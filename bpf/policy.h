@@ -25,4 +25,139 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } dpc_policy SEC(".maps");
 
+/* in_ipset: addr is a member of the IP set set_id. The longest prefix of the
+ * set that holds addr decides: an except entry carves its prefix out. */
+static __always_inline int in_ipset(__u32 set_id, __be32 addr)
+{
+	struct ipset_key k = {
+		.prefixlen = 64,
+		.set_id = bpf_htonl(set_id),
+		.addr = addr,
+	};
+	struct ipset_value *v = bpf_map_lookup_elem(&dpc_ipsets, &k);
+
+	return v && !(v->flags & DPC_IPSET_EXCEPT);
+}
+
+/* What the search for a matching rule looks at, and its outcome. */
+struct policy_match {
+	struct policy_key key; /* the endpoint, direction and live slot */
+	__be32 peer;
+	__u16 dport;           /* host order, as in struct policy_rule */
+	__u8 proto;
+	__u8 allowed;
+};
+
+/* rule_matches is the body of the search, run by bpf_loop for the index-th
+ * rule; it stops the loop at the first rule that matches. */
+static long rule_matches(__u64 index, void *ctx)
+{
+	struct policy_match *m = ctx;
+	struct policy_rule *r;
+
+	m->key.index = index;
+	r = bpf_map_lookup_elem(&dpc_policy, &m->key);
+	if (!r)
+		return 0; /* a live rule is never missing, unless written around the slots */
+	if (r->proto && r->proto != m->proto)
+		return 0;
+	if ((r->port_min || r->port_max) && (m->dport < r->port_min || m->dport > r->port_max))
+		return 0;
+	if (r->set_id && !in_ipset(r->set_id, m->peer))
+		return 0;
+	m->allowed = 1;
+	return 1;
+}
+
+/* policy_denies: the endpoint ep (behind interface ifindex) is isolated in
+ * direction dir, and none of its live rules for dir matches the peer (the
+ * source for ingress, the destination for egress), the destination port
+ * and the protocol.
+ *
+ * The rules are searched with bpf_loop (Linux 5.17+) rather than a bounded
+ * loop: the verifier checks its body once, whereas it would walk a bounded
+ * loop iteration by iteration, DPC_POLICY_RULES_MAX times at each of the
+ * places that ask for a verdict, in both endpoint programs. */
+static __always_inline int policy_denies(const struct endpoint_value *ep, __u32 ifindex, __u8 dir,
+					 __be32 peer, __be16 dport, __u8 proto)
+{
+	/* The writer flips the flags, the slot and the counts in one update of
+	 * the endpoint: read them once, together. */
+	struct endpoint_value e = *ep;
+	struct policy_match m = {
+		.key = {.ifindex = ifindex, .dir = dir, .slot = e.policy_slot},
+		.peer = peer,
+		.dport = bpf_ntohs(dport),
+		.proto = proto,
+	};
+	__u32 n;
+
+	if (dir == DPC_DIR_INGRESS) {
+		if (!(e.flags & DPC_EP_INGRESS_ISOLATED))
+			return 0;
+		n = e.ingress_rules;
+	} else {
+		if (!(e.flags & DPC_EP_EGRESS_ISOLATED))
+			return 0;
+		n = e.egress_rules;
+	}
+	if (n > DPC_POLICY_RULES_MAX)
+		n = DPC_POLICY_RULES_MAX;
+	bpf_loop(n, rule_matches, &m, 0);
+	return !m.allowed;
+}
+
+/* ingress_admit judges a packet in the original direction of its flow where
+ * it reaches the endpoint ep: ct is the flow's entry found there (keyed k),
+ * the original entry or, for a DNAT flow, the reply entry. A flow admitted
+ * once is not judged again, whatever the policy becomes (as an ESTABLISHED
+ * accept in iptables): ct and the flow's reply entry note it with
+ * DPC_CT_INGRESS_OK, which the server's replies need if its ingress is
+ * isolated. A flow to an endpoint that is not isolated is admitted too, so
+ * that isolating it later cuts no flow. It returns 0 if the packet must be
+ * dropped. */
+static __always_inline int ingress_admit(const struct endpoint_value *ep, __u32 ifindex,
+					 const struct pkt *p, const struct ct_key *k,
+					 struct ct_value *ct)
+{
+	struct ct_value *rev;
+	struct ct_key r = {};
+
+	if (ct->flags & DPC_CT_INGRESS_OK)
+		return 1;
+	if (policy_denies(ep, ifindex, DPC_DIR_INGRESS, p->tuple.src, p->tuple.dport, p->tuple.proto))
+		return 0;
+	ct->flags |= DPC_CT_INGRESS_OK;
+	if (!(ct->flags & DPC_CT_REPLY)) {
+		/* No NAT: the replies match the flow's reply entry. */
+		reverse(k, &r);
+		rev = bpf_map_lookup_elem(&dpc_conntrack, &r);
+		if (rev && (rev->flags & DPC_CT_REPLY))
+			rev->flags |= DPC_CT_INGRESS_OK;
+	}
+	return 1;
+}
+
+/* ingress_restart: a bare SYN restarts the flow of the original entry ct
+ * (keyed k), and its destination judges the new flow afresh. */
+static __always_inline void ingress_restart(const struct ct_key *k, struct ct_value *ct)
+{
+	struct ct_value *rev;
+	struct ct_key r = {};
+
+	ct->flags &= ~DPC_CT_INGRESS_OK;
+	if (ct->flags & DPC_CT_DNAT) {
+		r.src = ct->nat_addr;
+		r.dst = k->src;
+		r.sport = ct->nat_port;
+		r.dport = k->sport;
+		r.proto = k->proto;
+	} else {
+		reverse(k, &r);
+	}
+	rev = bpf_map_lookup_elem(&dpc_conntrack, &r);
+	if (rev && (rev->flags & DPC_CT_REPLY) && (rev->flags & DPC_CT_INGRESS_OK))
+		rev->flags &= ~DPC_CT_INGRESS_OK;
+}
+
 #endif /* DPC_POLICY_H */
