@@ -78,6 +78,31 @@
 // net.ipv4.tcp_rfc1337, which ignores that reset: then it waits out
 // TIME_WAIT).
 //
+// # Network policy
+//
+// An endpoint isolated for ingress or egress (EndpointIngressIsolated,
+// EndpointEgressIsolated) passes a new flow in that direction only if one of
+// its rules (PolicyRule) matches: the peer is in the rule's IP set (an LPM
+// trie of set ID and prefix, where the longest prefix decides, so an Except
+// prefix carves addresses out of an ipBlock), and the protocol and the
+// destination port are the rule's. Egress is judged at the workload's tc
+// ingress, against the backend after DNAT, before any conntrack entry is
+// made; a denied packet is dropped. Ingress is judged at its tc egress,
+// against the source; the admission is noted on the flow's entries
+// (ConntrackIngressOK), flows to endpoints that are not isolated included, so
+// a flow once admitted is never judged again: policy changes apply to new
+// flows only, as ESTABLISHED accepts do in iptables. Replies of admitted
+// flows pass; an ingress-isolated workload cannot answer a flow it did not
+// admit. A bare SYN that restarts a tuple is a new flow, judged afresh.
+//
+// An endpoint's rules sit in one of two slots of the policy map, the live
+// one named by its EndpointValue with the rule counts. SetEndpointPolicy
+// writes the other slot, then flips slot, counts and flags in one update of
+// the endpoint, so the programs see the old policy or the new one, never a
+// mix; AttachEndpointWithPolicy does the same for an endpoint's first write.
+// The programs search at most MaxPolicyRules rules per direction, with
+// bpf_loop (Linux 5.17+).
+//
 // # Limits
 //
 // Not handled (yet): traffic that the node itself originates towards a
@@ -92,12 +117,16 @@
 // half-closed TCP connection (one FIN) that is silent for
 // ConntrackCloseQuiet, or any connection silent for ConntrackTCPIdleTimeout,
 // may lose its SNAT port to a new flow when the ports run out: its next
-// packets are dropped. Only little-endian targets are generated.
+// packets are dropped. Policy sees only what the programs parse: ICMP, SCTP,
+// IP fragments and IPv6 pass unpoliced, and so does traffic to a workload
+// that no program tracked (from the node itself, or in flows that predate
+// the datapath). Only little-endian targets are generated.
 //
 // # State that outlives the agent
 //
 // Maps are pinned by name in a pin directory on a bpffs and adopted by the
-// next Open; tcx links are pinned in its links subdirectory; clsact filters
+// next Open (an endpoint map of the layout before network policy is
+// replaced, its pod IPs and flags carried over); tcx links are pinned in its links subdirectory; clsact filters
 // hold their programs by themselves. Close releases file descriptors only,
 // so programs keep running while no agent does. Attaching again replaces the
 // program of the existing link or filter in place. Remove undoes it all.
