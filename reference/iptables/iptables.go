@@ -1,15 +1,26 @@
 // Package iptables programs the node's iptables for the reference dataplane, and takes
 // the node over from kube-proxy (see RemoveKubeProxy).
 //
-// refdp owns two chains of the filter table, each jumped to by the first rule of its
-// built-in chain:
+// refdp owns four chains of the filter table. Two are jumped to by the first rule of
+// their built-in chain, and jump to the other two, the workload gates:
 //
-//	INPUT   -> REFDP-INPUT:   accept SEEN;
+//	INPUT   -> REFDP-INPUT:   -i P+ -> REFDP-FROM-WL;
+//	                          accept SEEN;
 //	                          accept FALLTHROUGH if ESTABLISHED,RELATED.
 //	FORWARD -> REFDP-FORWARD: add VOUCHED to FALLTHROUGH if ESTABLISHED,RELATED;
+//	                          -o P+ -> REFDP-TO-WL; -i P+ -> REFDP-FROM-WL;
 //	                          accept SEEN;
 //	                          accept -i W and -o W for each workload interface W;
 //	                          accept FALLTHROUGH+VOUCHED.
+//	REFDP-TO-WL:              return -o W for each workload interface W; drop.
+//	REFDP-FROM-WL:            return -i W for each workload interface W; drop.
+//
+// P is the name prefix of the host-side interfaces of pods (WorkloadPrefix), W the
+// workloads whose programs are attached with their policy. The gates make the node
+// fail closed, as Calico's workload dispatch does: a pod interface the agent has not
+// programmed (a pod created while it is down, or before its first round reaches it)
+// passes nothing either way, where plain routing would forward its traffic past every
+// policy. The rules stay when the agent stops, and with them the gates.
 //
 // SEEN marks a packet the datapath tracked (and NATed if needed). FALLTHROUGH marks a
 // mid-flow TCP packet the datapath does not know, typically of a flow that predates
@@ -40,6 +51,10 @@ import (
 const (
 	InputChain   = "REFDP-INPUT"
 	ForwardChain = "REFDP-FORWARD"
+	// ToWorkloadChain and FromWorkloadChain are the workload gates: they return for a
+	// programmed workload's interface and drop for any other pod interface.
+	ToWorkloadChain   = "REFDP-TO-WL"
+	FromWorkloadChain = "REFDP-FROM-WL"
 	// legacyChain is the single chain earlier versions jumped to from both INPUT and
 	// FORWARD; Ensure and Remove delete it so that an upgraded node holds one layout.
 	legacyChain = "REFDP-ACCEPT"
@@ -57,11 +72,20 @@ type Marks struct {
 	Seen, Fallthrough, Vouched, Mask uint32
 }
 
+// DefaultWorkloadPrefix is the name prefix of pods' host-side interfaces that the
+// ptp CNI plugin gives them.
+const DefaultWorkloadPrefix = "veth"
+
 // Config is what the chains are rendered from.
 type Config struct {
 	Marks Marks
-	// Workloads are the host-side interfaces of the workloads the datapath manages.
-	// FORWARD accepts everything from and to them: their programs police them.
+	// WorkloadPrefix is the name prefix of every pod's host-side interface (and of no
+	// other interface of the node): traffic from and to an interface with the prefix
+	// that is not in Workloads is dropped. Empty: DefaultWorkloadPrefix.
+	WorkloadPrefix string
+	// Workloads are the host-side interfaces of the workloads the datapath manages,
+	// programs and policy attached. FORWARD accepts everything from and to them:
+	// their programs police them.
 	Workloads []string
 	// NoForwardFallthroughAccept leaves FORWARD without its fallthrough accept (the
 	// no-forward-fallthrough-accept fault; INPUT keeps its own).
@@ -87,8 +111,15 @@ func writeChains(b *strings.Builder, cfg Config) {
 	fallthroughAccept := func(chain string) {
 		fmt.Fprintf(b, "-A %s -m mark --mark %#x/%#x -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"refdp: fallthrough of a flow the stack knows\" -j ACCEPT\n", chain, m.Fallthrough, m.Mask)
 	}
-	fmt.Fprintf(b, ":%s - [0:0]\n:%s - [0:0]\n", InputChain, ForwardChain)
+	prefix := cfg.WorkloadPrefix
+	if prefix == "" {
+		prefix = DefaultWorkloadPrefix
+	}
+	ws := workloads(cfg.Workloads)
+	fmt.Fprintf(b, ":%s - [0:0]\n:%s - [0:0]\n:%s - [0:0]\n:%s - [0:0]\n", InputChain, ForwardChain, ToWorkloadChain, FromWorkloadChain)
 
+	// A pod's packets to the host pass the gate too: the host is a peer like another.
+	fmt.Fprintf(b, "-A %s -i %s+ -j %s\n", InputChain, prefix, FromWorkloadChain)
 	seen(InputChain)
 	fallthroughAccept(InputChain)
 
@@ -96,16 +127,29 @@ func writeChains(b *strings.Builder, cfg Config) {
 	// knows, whichever accept below lets the packet through.
 	fmt.Fprintf(b, "-A %s -m mark --mark %#x/%#x -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment \"refdp: the stack knows this fallthrough flow\" -j MARK --set-xmark %#x/%#x\n",
 		ForwardChain, m.Fallthrough, m.Mask, m.Vouched, m.Vouched)
+	// The gates come before the SEEN accept: the host interface's programs mark
+	// SEEN a packet on its way to a workload whose own programs are not there yet.
+	fmt.Fprintf(b, "-A %s -o %s+ -j %s\n", ForwardChain, prefix, ToWorkloadChain)
+	fmt.Fprintf(b, "-A %s -i %s+ -j %s\n", ForwardChain, prefix, FromWorkloadChain)
 	seen(ForwardChain)
 	// The workload dispatch. It comes before the fallthrough accept, as in Calico: a
 	// flow from or to a workload never needs the latter.
-	for _, w := range workloads(cfg.Workloads) {
+	for _, w := range ws {
 		fmt.Fprintf(b, "-A %s -i %s -m comment --comment \"refdp: from workload\" -j ACCEPT\n", ForwardChain, w)
 		fmt.Fprintf(b, "-A %s -o %s -m comment --comment \"refdp: to workload\" -j ACCEPT\n", ForwardChain, w)
 	}
 	if !cfg.NoForwardFallthroughAccept {
 		fmt.Fprintf(b, "-A %s -m mark --mark %#x/%#x -m comment --comment \"refdp: fallthrough of a flow the stack knows\" -j ACCEPT\n", ForwardChain, m.Fallthrough|m.Vouched, m.Mask)
 	}
+
+	for _, w := range ws {
+		fmt.Fprintf(b, "-A %s -o %s -j RETURN\n", ToWorkloadChain, w)
+	}
+	fmt.Fprintf(b, "-A %s -m comment --comment \"refdp: workload not programmed yet\" -j DROP\n", ToWorkloadChain)
+	for _, w := range ws {
+		fmt.Fprintf(b, "-A %s -i %s -j RETURN\n", FromWorkloadChain, w)
+	}
+	fmt.Fprintf(b, "-A %s -m comment --comment \"refdp: workload not programmed yet\" -j DROP\n", FromWorkloadChain)
 }
 
 // workloads returns names sorted and without duplicates, so that the same set always
@@ -123,6 +167,9 @@ func Ensure(ctx context.Context, cfg Config) error {
 		if w == "" || strings.ContainsAny(w, " \t\"\\") {
 			return fmt.Errorf("iptables: bad workload interface name %q", w)
 		}
+	}
+	if strings.ContainsAny(cfg.WorkloadPrefix, " \t\"\\+") {
+		return fmt.Errorf("iptables: bad workload interface prefix %q", cfg.WorkloadPrefix)
 	}
 	d, err := save(ctx, "iptables-save", "-t", "filter")
 	if err != nil {
@@ -172,6 +219,38 @@ func ensureScript(d *dump, cfg Config) string {
 	return b.String()
 }
 
+// Workloads returns the workload interfaces that refdp's chains accept now, as an
+// earlier run of the agent wrote them (none if there are no chains). An agent that
+// starts writes its chains with these until its first round knows better: their
+// programs and policy are still attached, and an agent restart must not close them.
+func Workloads(ctx context.Context) ([]string, error) {
+	d, err := save(ctx, "iptables-save", "-t", "filter")
+	if err != nil {
+		return nil, err
+	}
+	return workloadsOf(d), nil
+}
+
+// workloadsOf returns the workloads of the FORWARD dispatch in d (which earlier
+// layouts, without the gates, had too).
+func workloadsOf(d *dump) []string {
+	filter := d.table("filter")
+	if filter == nil {
+		return nil
+	}
+	var out []string
+	for _, r := range filter.rulesOf(ForwardChain) {
+		t, err := tokens(r.spec)
+		if err != nil || r.target != "ACCEPT" || !slices.Contains(t, "refdp: from workload") {
+			continue
+		}
+		if i := slices.Index(t, "-i"); i >= 0 && i+1 < len(t) {
+			out = append(out, t[i+1])
+		}
+	}
+	return workloads(out)
+}
+
 // Remove deletes the reference's chains and every jump to them, in one transaction.
 // It is idempotent.
 func Remove(ctx context.Context) error {
@@ -196,7 +275,7 @@ func removeScript(d *dump) string {
 		return ""
 	}
 	var ours []string
-	for _, c := range []string{InputChain, ForwardChain, legacyChain} {
+	for _, c := range []string{InputChain, ForwardChain, ToWorkloadChain, FromWorkloadChain, legacyChain} {
 		if filter.has(c) {
 			ours = append(ours, c)
 		}
@@ -210,7 +289,12 @@ func removeScript(d *dump) string {
 		fmt.Fprintf(&b, ":%s - [0:0]\n", c)
 	}
 	for _, c := range ours {
-		deleteJumps(&b, filter, c)
+		// The jumps from our own chains go with their flush above.
+		for _, r := range filter.rules {
+			if r.target == c && !slices.Contains(ours, r.chain) {
+				fmt.Fprintf(&b, "-D %s %s\n", r.chain, r.spec)
+			}
+		}
 	}
 	for _, c := range ours {
 		fmt.Fprintf(&b, "-X %s\n", c)

@@ -13,6 +13,9 @@ const (
 	fallthroughAccept = `-m mark --mark 0x2000000/0xf000000 -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment "refdp: fallthrough of a flow the stack knows" -j ACCEPT`
 	vouch             = `-m mark --mark 0x2000000/0xf000000 -m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment "refdp: the stack knows this fallthrough flow" -j MARK --set-xmark 0x4000000/0x4000000`
 	vouchedAccept     = `-m mark --mark 0x6000000/0xf000000 -m comment --comment "refdp: fallthrough of a flow the stack knows" -j ACCEPT`
+	toGate            = `-o veth+ -j REFDP-TO-WL`
+	fromGate          = `-i veth+ -j REFDP-FROM-WL`
+	gateDrop          = `-m comment --comment "refdp: workload not programmed yet" -j DROP`
 )
 
 func TestTokens(t *testing.T) {
@@ -60,30 +63,35 @@ func TestParseSave(t *testing.T) {
 }
 
 // TestForwardLayout checks FORWARD's order, which is what makes the fault Calico's
-// bug: the vouching mark (no verdict), SEEN, then the workload dispatch, then the
-// fallthrough accept. A pre-existing
-// flow from or to a workload is accepted by the dispatch whatever comes after it; only
-// a flow that enters and leaves by the host interface reaches the fallthrough accept,
-// and the fault removes it from FORWARD alone.
+// bug: the vouching mark (no verdict), the workload gates, SEEN, then the workload
+// dispatch, then the fallthrough accept. A pre-existing flow from or to a workload is
+// accepted by the dispatch whatever comes after it; only a flow that enters and leaves
+// by the host interface reaches the fallthrough accept, and the fault removes it from
+// FORWARD alone. The gates come before SEEN, so that a pod interface without its
+// programs passes nothing, not even what the host interface's programs marked.
 func TestForwardLayout(t *testing.T) {
 	for _, tc := range []struct {
-		name  string
-		cfg   Config
-		input []string
-		fwd   []string
+		name         string
+		cfg          Config
+		input, fwd   []string
+		toWL, fromWL []string
 	}{
 		{
-			name:  "no workloads",
-			cfg:   Config{Marks: testMarks},
-			input: []string{seenAccept, fallthroughAccept},
-			fwd:   []string{vouch, seenAccept, vouchedAccept},
+			name:   "no workloads: every pod interface closed",
+			cfg:    Config{Marks: testMarks},
+			input:  []string{fromGate, seenAccept, fallthroughAccept},
+			fwd:    []string{vouch, toGate, fromGate, seenAccept, vouchedAccept},
+			toWL:   []string{gateDrop},
+			fromWL: []string{gateDrop},
 		},
 		{
 			name:  "workloads, sorted and once each",
 			cfg:   Config{Marks: testMarks, Workloads: []string{"veth-b", "veth-a", "veth-b"}},
-			input: []string{seenAccept, fallthroughAccept},
+			input: []string{fromGate, seenAccept, fallthroughAccept},
 			fwd: []string{
 				vouch,
+				toGate,
+				fromGate,
 				seenAccept,
 				`-i veth-a -m comment --comment "refdp: from workload" -j ACCEPT`,
 				`-o veth-a -m comment --comment "refdp: to workload" -j ACCEPT`,
@@ -91,17 +99,39 @@ func TestForwardLayout(t *testing.T) {
 				`-o veth-b -m comment --comment "refdp: to workload" -j ACCEPT`,
 				vouchedAccept,
 			},
+			toWL:   []string{"-o veth-a -j RETURN", "-o veth-b -j RETURN", gateDrop},
+			fromWL: []string{"-i veth-a -j RETURN", "-i veth-b -j RETURN", gateDrop},
+		},
+		{
+			name:  "another interface prefix",
+			cfg:   Config{Marks: testMarks, WorkloadPrefix: "cali", Workloads: []string{"cali1"}},
+			input: []string{`-i cali+ -j REFDP-FROM-WL`, seenAccept, fallthroughAccept},
+			fwd: []string{
+				vouch,
+				`-o cali+ -j REFDP-TO-WL`,
+				`-i cali+ -j REFDP-FROM-WL`,
+				seenAccept,
+				`-i cali1 -m comment --comment "refdp: from workload" -j ACCEPT`,
+				`-o cali1 -m comment --comment "refdp: to workload" -j ACCEPT`,
+				vouchedAccept,
+			},
+			toWL:   []string{"-o cali1 -j RETURN", gateDrop},
+			fromWL: []string{"-i cali1 -j RETURN", gateDrop},
 		},
 		{
 			name:  "fault no-forward-fallthrough-accept",
 			cfg:   Config{Marks: testMarks, Workloads: []string{"veth-a"}, NoForwardFallthroughAccept: true},
-			input: []string{seenAccept, fallthroughAccept},
+			input: []string{fromGate, seenAccept, fallthroughAccept},
 			fwd: []string{
 				vouch,
+				toGate,
+				fromGate,
 				seenAccept,
 				`-i veth-a -m comment --comment "refdp: from workload" -j ACCEPT`,
 				`-o veth-a -m comment --comment "refdp: to workload" -j ACCEPT`,
 			},
+			toWL:   []string{"-o veth-a -j RETURN", gateDrop},
+			fromWL: []string{"-i veth-a -j RETURN", gateDrop},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -110,13 +140,36 @@ func TestForwardLayout(t *testing.T) {
 				t.Fatal(err)
 			}
 			f := d.table("filter")
-			if got := specs(f.rulesOf(InputChain)); !reflect.DeepEqual(got, tc.input) {
-				t.Errorf("%s =\n%s\nwant\n%s", InputChain, strings.Join(got, "\n"), strings.Join(tc.input, "\n"))
+			for _, c := range []struct {
+				chain string
+				want  []string
+			}{{InputChain, tc.input}, {ForwardChain, tc.fwd}, {ToWorkloadChain, tc.toWL}, {FromWorkloadChain, tc.fromWL}} {
+				if got := specs(f.rulesOf(c.chain)); !reflect.DeepEqual(got, c.want) {
+					t.Errorf("%s =\n%s\nwant\n%s", c.chain, strings.Join(got, "\n"), strings.Join(c.want, "\n"))
+				}
 			}
-			if got := specs(f.rulesOf(ForwardChain)); !reflect.DeepEqual(got, tc.fwd) {
-				t.Errorf("%s =\n%s\nwant\n%s", ForwardChain, strings.Join(got, "\n"), strings.Join(tc.fwd, "\n"))
+			if got := workloadsOf(d); !reflect.DeepEqual(got, workloads(tc.cfg.Workloads)) {
+				t.Errorf("workloadsOf = %q, want %q", got, workloads(tc.cfg.Workloads))
 			}
 		})
+	}
+}
+
+// TestWorkloadsOfEarlierLayout checks that an agent that starts adopts the workloads
+// of chains an earlier version wrote, without the gates.
+func TestWorkloadsOfEarlierLayout(t *testing.T) {
+	d, err := parseSave("*filter\n:FORWARD DROP [0:0]\n:REFDP-FORWARD - [0:0]\n-A FORWARD -j REFDP-FORWARD\n" +
+		"-A REFDP-FORWARD -m mark --mark 0x1000000/0xf000000 -m comment --comment \"refdp: handled by BPF\" -j ACCEPT\n" +
+		"-A REFDP-FORWARD -i veth9 -m comment --comment \"refdp: from workload\" -j ACCEPT\n" +
+		"-A REFDP-FORWARD -o veth9 -m comment --comment \"refdp: to workload\" -j ACCEPT\nCOMMIT\n")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := workloadsOf(d); !reflect.DeepEqual(got, []string{"veth9"}) {
+		t.Errorf("workloadsOf = %q, want [veth9]", got)
+	}
+	if got := workloadsOf(&dump{}); got != nil {
+		t.Errorf("workloadsOf a node without refdp = %q", got)
 	}
 }
 
@@ -173,12 +226,16 @@ func TestEnsureScript(t *testing.T) {
 }
 
 func TestRemoveScript(t *testing.T) {
-	d, err := parseSave("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:REFDP-INPUT - [0:0]\n:REFDP-FORWARD - [0:0]\n:OTHER - [0:0]\n" +
-		"-A INPUT -j REFDP-INPUT\n-A FORWARD -j REFDP-FORWARD\n-A OTHER -j REFDP-FORWARD\n-A FORWARD -j OTHER\n-A REFDP-FORWARD -j ACCEPT\nCOMMIT\n")
+	d, err := parseSave("*filter\n:INPUT ACCEPT [0:0]\n:FORWARD DROP [0:0]\n:REFDP-INPUT - [0:0]\n:REFDP-FORWARD - [0:0]\n:REFDP-TO-WL - [0:0]\n:REFDP-FROM-WL - [0:0]\n:OTHER - [0:0]\n" +
+		"-A INPUT -j REFDP-INPUT\n-A FORWARD -j REFDP-FORWARD\n-A OTHER -j REFDP-FORWARD\n-A FORWARD -j OTHER\n-A REFDP-FORWARD -j ACCEPT\n" +
+		"-A REFDP-INPUT -i veth+ -j REFDP-FROM-WL\n-A REFDP-FORWARD -o veth+ -j REFDP-TO-WL\n-A REFDP-TO-WL -j DROP\n-A REFDP-FROM-WL -j DROP\nCOMMIT\n")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "*filter\n:REFDP-INPUT - [0:0]\n:REFDP-FORWARD - [0:0]\n-D INPUT -j REFDP-INPUT\n-D FORWARD -j REFDP-FORWARD\n-D OTHER -j REFDP-FORWARD\n-X REFDP-INPUT\n-X REFDP-FORWARD\nCOMMIT\n"
+	// The gates' jumps come from our own chains: they go with their flush, no -D.
+	want := "*filter\n:REFDP-INPUT - [0:0]\n:REFDP-FORWARD - [0:0]\n:REFDP-TO-WL - [0:0]\n:REFDP-FROM-WL - [0:0]\n" +
+		"-D INPUT -j REFDP-INPUT\n-D FORWARD -j REFDP-FORWARD\n-D OTHER -j REFDP-FORWARD\n" +
+		"-X REFDP-INPUT\n-X REFDP-FORWARD\n-X REFDP-TO-WL\n-X REFDP-FROM-WL\nCOMMIT\n"
 	if got := removeScript(d); got != want {
 		t.Errorf("removeScript =\n%s\nwant\n%s", got, want)
 	}

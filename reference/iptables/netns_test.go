@@ -205,8 +205,16 @@ func TestEnsureAndRemoveForReal(t *testing.T) {
 				t.Errorf("%s =\n%s\nwant\n%s", p.chain, strings.Join(got, "\n"), strings.Join(want, "\n"))
 			}
 		}
+		for _, c := range []string{ToWorkloadChain, FromWorkloadChain} {
+			if got, want := specs(f.rulesOf(c)), specs(want.table("filter").rulesOf(c)); !reflect.DeepEqual(got, want) {
+				t.Errorf("%s =\n%s\nwant\n%s", c, strings.Join(got, "\n"), strings.Join(want, "\n"))
+			}
+		}
 		if f.has(legacyChain) {
 			t.Errorf("%s is left", legacyChain)
+		}
+		if got, err := Workloads(ctx); err != nil || !reflect.DeepEqual(got, workloads(cfg.Workloads)) {
+			t.Errorf("Workloads = %q, %v; want %q", got, err, workloads(cfg.Workloads))
 		}
 	}
 	cfg := Config{Marks: testMarks, Workloads: []string{"veth-a", "veth-b"}}
@@ -214,7 +222,7 @@ func TestEnsureAndRemoveForReal(t *testing.T) {
 		t.Fatal(err)
 	}
 	check(cfg)
-	cfg = Config{Marks: testMarks, Workloads: []string{"veth-c"}, NoForwardFallthroughAccept: true}
+	cfg = Config{Marks: testMarks, WorkloadPrefix: "cali", Workloads: []string{"cali-c"}, NoForwardFallthroughAccept: true}
 	if err := Ensure(ctx, cfg); err != nil {
 		t.Fatal(err)
 	}
