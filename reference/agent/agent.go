@@ -5,25 +5,38 @@
 //
 // Its order of operations is its invariant; each step relies on those before it:
 //
-//  0. write refdp's iptables chains with no workload (Run, once): they mark what Linux
-//     conntrack knows of fallthrough packets VOUCHED, and the programs drop a
-//     fallthrough packet without that mark, so the marking comes first; the chains
-//     accept nothing the programs have not marked;
+//  0. write refdp's iptables chains, with the workloads they accepted before (Run,
+//     once): they mark what Linux conntrack knows of fallthrough packets VOUCHED, and
+//     the programs drop a fallthrough packet without that mark, so the marking comes
+//     first; the chains accept nothing the programs have not marked, and their
+//     workload gates drop the traffic of every pod interface that is not a workload
+//     whose programs and policy are attached (those of the previous run still are);
 //  1. attach the host interface's programs (Run, once);
-//  2. attach the endpoint programs of local workloads (each round from here on, and
-//     only once the view is complete: datastore in sync and host IPs known);
-//  3. write refdp's iptables chains, again whenever the set of workload interfaces
-//     changes: after the programs, so that the chains accept from and to a workload
-//     only once its programs police it;
-//  4. write service NAT state: after the chains, because a packet the datapath NATs
+//
+// then each round, once the view is complete (datastore in sync: services, endpoint
+// slices, all pods, namespaces, network policies and the node's own object; host IPs
+// known):
+//
+//  2. compute the local endpoints and their policy, with the IP sets its rules name
+//     (reference/policy);
+//  3. write the IP sets: before any policy names them;
+//  4. write the policy of the endpoints that exist, each in one update;
+//  5. attach the endpoint programs of new local workloads, each with its policy in
+//     the same update of its state: an endpoint is never live without its policy;
+//  6. write refdp's iptables chains, again whenever the set of workload interfaces
+//     changes: after the programs and policy, so that the gates open for a workload
+//     only once its programs police it (Calico PR 12164: IP sets, then programs,
+//     then iptables). Then detach the programs of workloads gone, whose interfaces
+//     the chains now close, and delete the IP sets no policy names any more;
+//  7. write service NAT state: after the chains, because a packet the datapath NATs
 //     is accepted in FORWARD only by refdp's chains (kube-proxy's FORWARD accepts
 //     what kube-proxy's own NAT marked, or established flows). Before this step the
 //     datapath NATs nothing, and kube-proxy's rules still NAT new connections;
-//  5. after the first complete round, once: remove kube-proxy's rules, if any. Only
+//  8. after the first complete round, once: remove kube-proxy's rules, if any. Only
 //     now does the datapath NAT every service, and do refdp's chains accept what
 //     kube-proxy's FORWARD accepted: flows that predate the datapath (fallthrough
 //     packets the Linux stack's conntrack knows);
-//  6. report ready.
+//  9. report ready.
 package agent
 
 import (
@@ -43,6 +56,7 @@ import (
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -53,6 +67,7 @@ import (
 	"github.com/dpconform/dpconform/bpf"
 	"github.com/dpconform/dpconform/reference/faults"
 	"github.com/dpconform/dpconform/reference/iptables"
+	"github.com/dpconform/dpconform/reference/policy"
 	"github.com/dpconform/dpconform/reference/services"
 )
 
@@ -68,6 +83,11 @@ type Config struct {
 	StateDir string
 	// HostInterface is the node's interface to the network (default "eth0").
 	HostInterface string
+	// WorkloadInterfacePrefix is the name prefix of the host-side interfaces of pods,
+	// and of no other interface of the node (default iptables.DefaultWorkloadPrefix,
+	// "veth", the ptp CNI plugin's). Traffic from or to such an interface that is not
+	// a programmed workload's is dropped.
+	WorkloadInterfacePrefix string
 	// ConntrackSize is the conntrack table's capacity (0: the datapath's default).
 	ConntrackSize uint32
 	// Faults are the defects to reintroduce (self-test only).
@@ -83,11 +103,13 @@ const hostIPDelay = 400 * time.Millisecond
 
 // Agent is a running agent.
 type Agent struct {
-	cfg    Config
-	log    *slog.Logger
-	dp     *bpf.Datapath
-	syncer *services.Syncer
-	status *statusFile
+	cfg      Config
+	log      *slog.Logger
+	dp       *bpf.Datapath
+	syncer   *services.Syncer
+	compiler *policy.Compiler
+	policy   *policy.Syncer
+	status   *statusFile
 
 	kick chan struct{}
 	// applied is closed after the first service apply (the eager-service-sync fault
@@ -100,24 +122,28 @@ type Agent struct {
 	hostIdx int
 	hostsOK bool // host IPs known
 
-	svcLister   cacheLister
-	sliceLister cacheLister
-	podLister   cacheLister
-	nodeLister  cacheLister
-	synced      []cache.InformerSynced
+	svcLister    cacheLister
+	sliceLister  cacheLister
+	podLister    cacheLister // every pod of the cluster
+	nsLister     cacheLister
+	policyLister cacheLister
+	nodeLister   cacheLister
+	synced       []cache.InformerSynced
 
-	attached map[string]endpoint // pod key -> endpoint
+	attached map[int]endpoint // ifindex -> endpoint, programs and policy attached
 	// iptablesFor is the set of workload ifindexes refdp's chains were last written
 	// for (nil: not written yet).
-	iptablesFor   []int
-	tookOver      bool // kube-proxy's rules removed (or found absent)
-	ready         bool
-	lastSyncError string
+	iptablesFor     []int
+	tookOver        bool // kube-proxy's rules removed (or found absent)
+	ready           bool
+	lastSyncError   string
+	lastPolicyError string
 }
 
+// endpoint is a local workload's endpoint.
 type endpoint struct {
-	ifindex int
-	ip      netip.Addr
+	pod string // "namespace/name"
+	ip  netip.Addr
 }
 
 type cacheLister interface{ List() []any }
@@ -131,13 +157,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.HostInterface == "" {
 		cfg.HostInterface = "eth0"
 	}
+	if cfg.WorkloadInterfacePrefix == "" {
+		cfg.WorkloadInterfacePrefix = iptables.DefaultWorkloadPrefix
+	}
+	if strings.HasPrefix(cfg.HostInterface, cfg.WorkloadInterfacePrefix) {
+		return fmt.Errorf("agent: the host interface %s has the workload interface prefix %q: its traffic would be dropped", cfg.HostInterface, cfg.WorkloadInterfacePrefix)
+	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
 	if cfg.Node == "" || cfg.Kubeconfig == "" || cfg.PinDir == "" || cfg.StateDir == "" {
 		return errors.New("agent: Node, Kubeconfig, PinDir and StateDir are required")
 	}
-	a := &Agent{cfg: cfg, log: cfg.Log, kick: make(chan struct{}, 1), applied: make(chan struct{}), attached: map[string]endpoint{}}
+	a := &Agent{cfg: cfg, log: cfg.Log, kick: make(chan struct{}, 1), applied: make(chan struct{}), attached: map[int]endpoint{}}
 	a.status = &statusFile{path: filepath.Join(cfg.StateDir, StatusFile)}
 	if err := a.status.write(false, "starting"); err != nil {
 		return err
@@ -160,6 +192,22 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	if err != nil {
 		return err
+	}
+	a.policy, err = policy.NewSyncer(a.dp.IPSets(), a.dp)
+	if err != nil {
+		return err
+	}
+	a.compiler = policy.NewCompiler(policy.Options{
+		IgnoreIPBlockExcept:  cfg.Faults.Has(faults.IgnoreIPBlockExcept),
+		NamedPortsUnresolved: cfg.Faults.Has(faults.NamedPortsUnresolved),
+		EgressIgnoresPorts:   cfg.Faults.Has(faults.EgressIgnoresPorts),
+	})
+	// The sets a previous run left keep their IDs: nothing is rewritten for them.
+	a.compiler.Adopt(a.policy.Sets())
+	for _, f := range []string{faults.IgnoreIPBlockExcept, faults.NamedPortsUnresolved, faults.EgressIgnoresPorts} {
+		if cfg.Faults.Has(f) {
+			a.log.Warn("fault: the policy compiler is defective", "fault", f, "what", faults.Describe(f))
+		}
 	}
 	if cfg.Faults.Has(faults.FlushNATOnStart) {
 		a.log.Warn("fault: flushing NAT maps on start", "fault", faults.FlushNATOnStart)
@@ -194,11 +242,16 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := writeSysctl("net/ipv4/conf/"+cfg.HostInterface+"/send_redirects", "0"); err != nil {
 		return err
 	}
-	// The chains first, with no workload yet (step 0): the programs drop a
-	// fallthrough packet that iptables has not vouched for, so the rule that vouches
-	// must exist before they are attached, or flows that predate the datapath would
-	// stall until the first round writes it.
-	if err := a.syncIPTables(ctx); err != nil {
+	// The chains first (step 0): the programs drop a fallthrough packet that
+	// iptables has not vouched for, so the rule that vouches must exist before they
+	// are attached, or flows that predate the datapath would stall until the first
+	// round writes it. The gates keep open the workloads a previous run programmed:
+	// their programs and policy are still attached, and a restart must not cut them.
+	prev, err := iptables.Workloads(ctx)
+	if err != nil {
+		return err
+	}
+	if err := a.writeIPTables(ctx, existingLinks(prev)); err != nil {
 		return err
 	}
 	if err := a.dp.AttachHost(a.hostIdx); err != nil {
@@ -232,15 +285,16 @@ func (a *Agent) client() (kubernetes.Interface, error) {
 
 func (a *Agent) startInformers(ctx context.Context, kube kubernetes.Interface) {
 	f := informers.NewSharedInformerFactory(kube, 0)
-	local := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-		o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", a.cfg.Node).String()
-	}))
 	self := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.cfg.Node).String()
 	}))
 	svc := f.Core().V1().Services().Informer()
 	slices := f.Discovery().V1().EndpointSlices().Informer()
-	pods := local.Core().V1().Pods().Informer()
+	// Every pod: policies select their peers cluster-wide. The local ones, those
+	// with this node's spec.nodeName, are the endpoints.
+	pods := f.Core().V1().Pods().Informer()
+	namespaces := f.Core().V1().Namespaces().Informer()
+	policies := f.Networking().V1().NetworkPolicies().Informer()
 	// The node's own object is its host metadata: the datastore is in sync only once
 	// it is known (and it must exist: a node without one is not programmed).
 	node := self.Core().V1().Nodes().Informer()
@@ -249,16 +303,17 @@ func (a *Agent) startInformers(ctx context.Context, kube kubernetes.Interface) {
 		UpdateFunc: func(any, any) { a.poke() },
 		DeleteFunc: func(any) { a.poke() },
 	}
-	for _, inf := range []cache.SharedIndexInformer{svc, slices, pods, node} {
+	for _, inf := range []cache.SharedIndexInformer{svc, slices, pods, namespaces, policies, node} {
 		inf.AddEventHandler(h)
 		a.synced = append(a.synced, inf.HasSynced)
 	}
 	a.svcLister = indexerLister{svc.GetIndexer()}
 	a.sliceLister = indexerLister{slices.GetIndexer()}
 	a.podLister = indexerLister{pods.GetIndexer()}
+	a.nsLister = indexerLister{namespaces.GetIndexer()}
+	a.policyLister = indexerLister{policies.GetIndexer()}
 	a.nodeLister = indexerLister{node.GetIndexer()}
 	f.Start(ctx.Done())
-	local.Start(ctx.Done())
 	self.Start(ctx.Done())
 }
 
@@ -369,10 +424,9 @@ func (a *Agent) informersSynced() bool {
 	return len(a.nodeLister.List()) > 0
 }
 
-// sync applies one round, steps 2 to 6 of the order in the package comment: endpoint
-// programs, refdp's iptables chains, services, the take-over from kube-proxy (once),
-// ready. A step that fails ends the round, so that no step runs before those it
-// relies on have succeeded.
+// sync applies one round, steps 2 to 9 of the order in the package comment. A step
+// that fails ends the round, so that no step runs before those it relies on have
+// succeeded.
 func (a *Agent) sync(ctx context.Context) error {
 	inSync := a.informersSynced()
 	a.mu.Lock()
@@ -387,12 +441,188 @@ func (a *Agent) sync(ctx context.Context) error {
 	if !complete {
 		return nil
 	}
-	if err := a.syncEndpoints(); err != nil {
+	want := a.localEndpoints()
+	desired := a.computePolicy(want)
+	if err := a.writeIPSets(desired); err != nil {
 		return err
 	}
-	if err := a.syncIPTables(ctx); err != nil {
+	if err := a.writeEndpointPolicies(want, desired); err != nil {
 		return err
 	}
+	if err := a.attachNewEndpoints(want, desired); err != nil {
+		return err
+	}
+	if err := a.syncIPTables(ctx, want); err != nil {
+		return err
+	}
+	if err := a.detachGoneEndpoints(want); err != nil {
+		return err
+	}
+	if err := a.deleteUnreferencedSets(desired); err != nil {
+		return err
+	}
+	if err := a.syncServices(hostIPs, hostsOK); err != nil {
+		return err
+	}
+	if !a.tookOver {
+		if err := a.takeOver(ctx); err != nil {
+			return err
+		}
+	}
+	if !a.ready {
+		a.ready = true
+		a.log.Info("ready")
+		return a.status.write(true, "programmed and in sync")
+	}
+	return nil
+}
+
+// localEndpoints returns the endpoints of this node's pods by the ifindex of their
+// host-side interface, found by the route to the pod's IP.
+func (a *Agent) localEndpoints() map[int]endpoint {
+	want := map[int]endpoint{}
+	for _, o := range a.podLister.List() {
+		p := o.(*corev1.Pod)
+		if p.Spec.NodeName != a.cfg.Node || p.Status.PodIP == "" || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		ip, err := netip.ParseAddr(p.Status.PodIP)
+		if err != nil || !ip.Is4() {
+			continue
+		}
+		routes, err := netlink.RouteGet(ip.AsSlice())
+		if err != nil || len(routes) == 0 || routes[0].LinkIndex == a.hostIdx || routes[0].LinkIndex == 0 {
+			continue // not wired on this node (yet)
+		}
+		ep := endpoint{pod: p.Namespace + "/" + p.Name, ip: ip}
+		// Two pods on one interface: a deleted pod's object outlives its sandbox.
+		// Either way the same one, whichever order the cache lists them in.
+		if cur, ok := want[routes[0].LinkIndex]; ok && cur.pod < ep.pod {
+			continue
+		}
+		want[routes[0].LinkIndex] = ep
+	}
+	return want
+}
+
+// computePolicy compiles the cluster's policies for the endpoints (step 2). What the
+// compiler could not compile as written fails closed and is logged, once.
+func (a *Agent) computePolicy(want map[int]endpoint) policy.Desired {
+	in := policy.Input{Endpoints: make(map[string]int, len(want))}
+	for ifindex, ep := range want {
+		in.Endpoints[ep.pod] = ifindex
+	}
+	for _, o := range a.policyLister.List() {
+		in.Policies = append(in.Policies, o.(*networkingv1.NetworkPolicy))
+	}
+	for _, o := range a.podLister.List() {
+		in.Pods = append(in.Pods, o.(*corev1.Pod))
+	}
+	for _, o := range a.nsLister.List() {
+		in.Namespaces = append(in.Namespaces, o.(*corev1.Namespace))
+	}
+	d, err := a.compiler.Compile(in)
+	msg := ""
+	if err != nil {
+		msg = err.Error()
+	}
+	if msg != a.lastPolicyError {
+		if err != nil {
+			a.log.Error("network policy: failing closed where it cannot be compiled", "err", err)
+		} else {
+			a.log.Info("network policy compiles cleanly again")
+		}
+		a.lastPolicyError = msg
+	}
+	return d
+}
+
+// writeIPSets writes the IP sets the policies name (step 3).
+func (a *Agent) writeIPSets(d policy.Desired) error {
+	written, deleted, err := a.policy.WriteIPSets(d)
+	if written+deleted > 0 {
+		a.log.Info("IP sets written", "sets", len(d.Sets), "entriesWritten", written, "entriesDeleted", deleted)
+	}
+	if err != nil {
+		return fmt.Errorf("write IP sets: %w", err)
+	}
+	return nil
+}
+
+// writeEndpointPolicies writes the policy of each endpoint that is attached already
+// and stays, where it changed (step 4).
+func (a *Agent) writeEndpointPolicies(want map[int]endpoint, d policy.Desired) error {
+	var errs []error
+	for ifindex, ep := range want {
+		if cur, ok := a.attached[ifindex]; !ok || cur != ep {
+			continue // new: attached with its policy in the next step
+		}
+		changed, err := a.policy.WriteEndpointPolicy(ifindex, d.Endpoints[ifindex])
+		if err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", ep.pod, err))
+			continue
+		}
+		if changed {
+			a.log.Info("endpoint policy written", "pod", ep.pod, "ifindex", ifindex)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// attachNewEndpoints attaches the endpoint programs of each new endpoint together with
+// its policy (step 5).
+func (a *Agent) attachNewEndpoints(want map[int]endpoint, d policy.Desired) error {
+	var errs []error
+	for ifindex, ep := range want {
+		if cur, ok := a.attached[ifindex]; ok && cur == ep {
+			continue
+		}
+		p := d.Endpoints[ifindex]
+		if err := a.dp.AttachEndpointWithPolicy(ifindex, ep.ip, bpf.EndpointFlags(0), p); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", ep.pod, err))
+			continue
+		}
+		a.policy.Written(ifindex, p)
+		a.log.Info("attached endpoint", "pod", ep.pod, "ifindex", ifindex, "ip", ep.ip,
+			"ingressIsolated", p.IngressIsolated, "egressIsolated", p.EgressIsolated, "rules", len(p.Ingress)+len(p.Egress))
+		a.attached[ifindex] = ep
+	}
+	return errors.Join(errs...)
+}
+
+// detachGoneEndpoints detaches the programs of endpoints whose pods are gone (step 6,
+// after the chains no longer accept their interfaces).
+func (a *Agent) detachGoneEndpoints(want map[int]endpoint) error {
+	var errs []error
+	for ifindex, ep := range a.attached {
+		if _, ok := want[ifindex]; ok {
+			continue
+		}
+		if err := a.dp.DetachEndpoint(ifindex); err != nil {
+			errs = append(errs, fmt.Errorf("pod %s: %w", ep.pod, err))
+			continue
+		}
+		a.policy.Forget(ifindex)
+		a.log.Info("detached endpoint", "pod", ep.pod, "ifindex", ifindex)
+		delete(a.attached, ifindex)
+	}
+	return errors.Join(errs...)
+}
+
+// deleteUnreferencedSets deletes the IP sets no policy names any more (step 6).
+func (a *Agent) deleteUnreferencedSets(d policy.Desired) error {
+	n, err := a.policy.DeleteUnreferencedSets(d)
+	if n > 0 {
+		a.log.Info("IP sets deleted", "entries", n)
+	}
+	if err != nil {
+		return fmt.Errorf("delete IP sets: %w", err)
+	}
+	return nil
+}
+
+// syncServices writes service NAT state (step 7).
+func (a *Agent) syncServices(hostIPs []netip.Addr, hostsOK bool) error {
 	var svcs []*corev1.Service
 	for _, o := range a.svcLister.List() {
 		svcs = append(svcs, o.(*corev1.Service))
@@ -415,69 +645,18 @@ func (a *Agent) sync(ctx context.Context) error {
 		n, err := a.purgeConntrack(st.Rebuilt)
 		a.log.Warn("fault: service rebuilt in place, its conntrack entries purged", "fault", faults.RebuildBackendsInPlace, "services", st.Rebuilt, "entries", n, "err", err)
 	}
-	if !a.tookOver {
-		if err := a.takeOver(ctx); err != nil {
-			return err
-		}
-	}
-	if !a.ready {
-		a.ready = true
-		a.log.Info("ready")
-		return a.status.write(true, "programmed and in sync")
-	}
 	return nil
 }
 
-// syncEndpoints attaches the endpoint programs to each local pod's host-side
-// interface, found by the route to the pod's IP, and detaches those of pods gone.
-func (a *Agent) syncEndpoints() error {
-	want := map[string]endpoint{}
-	for _, o := range a.podLister.List() {
-		p := o.(*corev1.Pod)
-		if p.Status.PodIP == "" || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		ip, err := netip.ParseAddr(p.Status.PodIP)
-		if err != nil || !ip.Is4() {
-			continue
-		}
-		routes, err := netlink.RouteGet(ip.AsSlice())
-		if err != nil || len(routes) == 0 || routes[0].LinkIndex == a.hostIdx || routes[0].LinkIndex == 0 {
-			continue // not wired on this node (yet)
-		}
-		want[p.Namespace+"/"+p.Name] = endpoint{ifindex: routes[0].LinkIndex, ip: ip}
-	}
-	var errs []error
-	for key, ep := range want {
-		if cur, ok := a.attached[key]; ok && cur == ep {
-			continue
-		}
-		if err := a.dp.AttachEndpoint(ep.ifindex, ep.ip, bpf.EndpointFlags(0)); err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: %w", key, err))
-			continue
-		}
-		a.log.Info("attached endpoint", "pod", key, "ifindex", ep.ifindex, "ip", ep.ip)
-		a.attached[key] = ep
-	}
-	for key, ep := range a.attached {
-		if _, ok := want[key]; ok {
-			continue
-		}
-		if err := a.dp.DetachEndpoint(ep.ifindex); err != nil {
-			errs = append(errs, fmt.Errorf("pod %s: %w", key, err))
-			continue
-		}
-		delete(a.attached, key)
-	}
-	return errors.Join(errs...)
-}
-
 // syncIPTables (re)writes refdp's iptables chains when they were not written yet or
-// the set of workload interfaces changed since.
-func (a *Agent) syncIPTables(ctx context.Context) error {
+// the set of workload interfaces changed since (step 6). The workloads are those
+// attached that stay: an endpoint about to be detached is closed first.
+func (a *Agent) syncIPTables(ctx context.Context, want map[int]endpoint) error {
 	ifindexes := make([]int, 0, len(a.attached))
-	for _, ep := range a.attached {
-		ifindexes = append(ifindexes, ep.ifindex)
+	for ifindex := range a.attached {
+		if _, ok := want[ifindex]; ok {
+			ifindexes = append(ifindexes, ifindex)
+		}
 	}
 	slices.Sort(ifindexes)
 	if a.iptablesFor != nil && slices.Equal(ifindexes, a.iptablesFor) {
@@ -492,9 +671,19 @@ func (a *Agent) syncIPTables(ctx context.Context) error {
 		}
 		names = append(names, l.Attrs().Name)
 	}
+	if err := a.writeIPTables(ctx, names); err != nil {
+		return err
+	}
+	a.iptablesFor = ifindexes
+	return nil
+}
+
+// writeIPTables writes refdp's chains for these workload interfaces.
+func (a *Agent) writeIPTables(ctx context.Context, workloads []string) error {
 	cfg := iptables.Config{
 		Marks:                      iptables.Marks{Seen: bpf.MarkSeen, Fallthrough: bpf.MarkFallthrough, Vouched: bpf.MarkVouched, Mask: bpf.MarkMask},
-		Workloads:                  names,
+		WorkloadPrefix:             a.cfg.WorkloadInterfacePrefix,
+		Workloads:                  workloads,
 		NoForwardFallthroughAccept: a.cfg.Faults.Has(faults.NoForwardFallthroughAccept),
 	}
 	if cfg.NoForwardFallthroughAccept && a.iptablesFor == nil {
@@ -503,9 +692,19 @@ func (a *Agent) syncIPTables(ctx context.Context) error {
 	if err := iptables.Ensure(ctx, cfg); err != nil {
 		return err
 	}
-	a.log.Info("iptables written", "workloadInterfaces", names)
-	a.iptablesFor = ifindexes
+	a.log.Info("iptables written", "workloadInterfaces", workloads)
 	return nil
+}
+
+// existingLinks returns the interfaces of names that exist.
+func existingLinks(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if _, err := netlink.LinkByName(n); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
 }
 
 // takeOver removes kube-proxy's rules from the node (see iptables.RemoveKubeProxy).

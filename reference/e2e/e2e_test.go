@@ -9,6 +9,10 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
 
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/harness"
@@ -153,6 +157,93 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 			Expect(win).To(matchers.BeAliveAtEnd())
 		}, SpecTimeout(2*time.Minute))
 	}
+
+	// reached tries each target once from h and returns the labels of those that
+	// answered.
+	reached := func(ctx context.Context, h topologies.Host, ts ...probe.Target) []string {
+		GinkgoHelper()
+		evs, err := w.Reach(ctx, h, probe.Reach{Name: "reach-" + h.Name(), Targets: ts})
+		Expect(err).NotTo(HaveOccurred())
+		var ok []string
+		for _, e := range evs {
+			if e.Outcome == probe.OK {
+				ok = append(ok, e.Label)
+			}
+		}
+		return ok
+	}
+
+	It("enforces a NetworkPolicy that admits only a labelled peer, on a named port", func(ctx SpecContext) {
+		backend, srv, err := workloads.AddBackend(ctx, w, "guarded", nodeA.Name(), map[string]string{"app": "guarded"})
+		Expect(err).NotTo(HaveOccurred())
+		peer, err := topo.AddPod(ctx, topologies.PodSpec{Name: "peer", Node: nodeA.Name(), Labels: map[string]string{"role": "allowed"}})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(w.StopProbe(ctx, srv)).To(Succeed())
+			Expect(topo.RemovePod(ctx, backend)).To(Succeed())
+			Expect(topo.RemovePod(ctx, peer)).To(Succeed())
+		}, NodeTimeout(time.Minute))
+		other := direct[0].from // the Core fixture's client: no label
+		target := probe.Target{Label: "guarded", Proto: "tcp", Addr: workloads.Direct(backend)}
+		Eventually(func(ctx context.Context) []string { return reached(ctx, peer, target) }).WithContext(ctx).Should(ConsistOf("guarded"))
+		Expect(reached(ctx, other, target)).To(ConsistOf("guarded"))
+
+		np := &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Name: "guarded", Namespace: backend.Namespace()},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "guarded"}},
+				Ingress: []networkingv1.NetworkPolicyIngressRule{{
+					From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"role": "allowed"}}}},
+					Ports: []networkingv1.NetworkPolicyPort{{Port: ptr.To(intstr.FromString("echo"))}},
+				}},
+			},
+		}
+		nps := topo.Kube().NetworkingV1().NetworkPolicies(np.Namespace)
+		_, err = nps.Create(ctx, np, metav1.CreateOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) { Expect(nps.Delete(ctx, np.Name, metav1.DeleteOptions{})).To(Succeed()) }, NodeTimeout(time.Minute))
+
+		Eventually(func(ctx context.Context) []string { return reached(ctx, other, target) }).WithContext(ctx).Should(BeEmpty(), "the policy does not deny the unlabelled client")
+		Consistently(func(ctx context.Context) []string { return reached(ctx, peer, target) }).WithContext(ctx).
+			WithTimeout(2*time.Second).Should(ConsistOf("guarded"), "the policy denies the labelled peer")
+		Expect(reached(ctx, other, target)).To(BeEmpty())
+
+		// The policy gone, the client is admitted again.
+		Expect(nps.Delete(ctx, np.Name, metav1.DeleteOptions{})).To(Succeed())
+		Eventually(func(ctx context.Context) []string { return reached(ctx, other, target) }).WithContext(ctx).Should(ConsistOf("guarded"))
+		_, err = nps.Create(ctx, np, metav1.CreateOptions{}) // for the DeferCleanup
+		Expect(err).NotTo(HaveOccurred())
+	}, SpecTimeout(2*time.Minute))
+
+	It("passes nothing from or to a pod created while the agent is stopped, until it programs it", func(ctx SpecContext) {
+		Expect(w.Stop(ctx, nodeA)).To(Succeed())
+		restarted := false
+		DeferCleanup(func(ctx SpecContext) {
+			if !restarted {
+				Expect(w.Start(ctx, nodeA)).To(Succeed())
+				Expect(w.WaitReady(ctx, nodeA)).To(Succeed())
+			}
+		}, NodeTimeout(time.Minute))
+		late, srv, err := workloads.AddBackend(ctx, w, "late", nodeA.Name(), map[string]string{"app": "late"})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func(ctx SpecContext) {
+			Expect(w.StopProbe(ctx, srv)).To(Succeed())
+			Expect(topo.RemovePod(ctx, late)).To(Succeed())
+		}, NodeTimeout(time.Minute))
+		client := direct[0].from
+		toLate := probe.Target{Label: "late", Proto: "tcp", Addr: workloads.Direct(late)}
+		fromLate := probe.Target{Label: "from-late", Proto: "tcp", Addr: direct[0].addr}
+		Expect(reached(ctx, client, toLate)).To(BeEmpty(), "traffic reaches a pod the agent has not programmed")
+		Expect(reached(ctx, late, fromLate)).To(BeEmpty(), "a pod the agent has not programmed reaches another")
+		// Programmed pods are not affected meanwhile.
+		Expect(reached(ctx, client, probe.Target{Label: "local", Proto: "tcp", Addr: direct[0].addr})).To(ConsistOf("local"))
+
+		Expect(w.Start(ctx, nodeA)).To(Succeed())
+		Expect(w.WaitReady(ctx, nodeA)).To(Succeed())
+		restarted = true
+		Eventually(func(ctx context.Context) []string { return reached(ctx, client, toLate) }).WithContext(ctx).Should(ConsistOf("late"))
+		Expect(reached(ctx, late, fromLate)).To(ConsistOf("from-late"))
+	}, SpecTimeout(2*time.Minute))
 
 	Context("with a fault", func() {
 		AfterEach(func(ctx SpecContext) {

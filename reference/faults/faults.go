@@ -47,6 +47,17 @@ const (
 	// can attribute to the node (those on its host IPs: NodePorts) and deletes the
 	// rest, the ClusterIPs, which it writes again only at its first complete sync.
 	DropClusterIPFrontendsOnStart = "drop-clusterip-frontends-on-start"
+	// IgnoreIPBlockExcept: the policy compiler drops ipBlock.except, so an ipBlock
+	// peer's set holds its whole cidr and the carved-out addresses are admitted too.
+	IgnoreIPBlockExcept = "ignore-ipblock-except"
+	// NamedPortsUnresolved: the policy compiler does not resolve named ports: a rule
+	// port given by name (e.g. "http") is skipped, so the rule admits nothing on it,
+	// and traffic a named-port rule allows is dropped.
+	NamedPortsUnresolved = "named-ports-unresolved"
+	// EgressIgnoresPorts: the policy compiler builds egress rules without their
+	// ports, so a pod isolated for egress may reach an allowed peer on any port and
+	// protocol.
+	EgressIgnoresPorts = "egress-ignores-ports"
 )
 
 var known = map[string]string{
@@ -59,6 +70,9 @@ var known = map[string]string{
 	CleanupBeforeAttach:           "kube-proxy's rules are removed at start, before programs are attached and services written",
 	FlushConntrackOnTakeover:      "taking over from kube-proxy flushes the Linux conntrack table its NAT filled",
 	DropClusterIPFrontendsOnStart: "on start the agent keeps only the frontends on its host IPs and deletes the ClusterIPs until its first sync",
+	IgnoreIPBlockExcept:           "the policy compiler drops ipBlock.except: the whole cidr is admitted",
+	NamedPortsUnresolved:          "the policy compiler skips ports given by name: a named-port rule admits nothing on them",
+	EgressIgnoresPorts:            "the policy compiler builds egress rules without their ports: any port to an allowed peer",
 }
 
 // Set is a set of enabled faults.

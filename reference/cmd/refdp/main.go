@@ -22,7 +22,7 @@ import (
 )
 
 const usage = `usage:
-  refdp run --node NAME --kubeconfig PATH --bpffs DIR --state-dir DIR [--fault NAME ...]
+  refdp run --node NAME --kubeconfig PATH --bpffs DIR --state-dir DIR [--workload-interface-prefix P] [--fault NAME ...]
   refdp cleanup --bpffs DIR
   refdp dump --bpffs DIR
 `
@@ -69,6 +69,8 @@ func run(args []string) error {
 	fs.StringVar(&bpffs, "bpffs", "/sys/fs/bpf", "bpffs mount to pin under (refdp uses its refdp/ directory)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the status file")
 	fs.StringVar(&cfg.HostInterface, "host-interface", "eth0", "the node's interface to the network")
+	fs.StringVar(&cfg.WorkloadInterfacePrefix, "workload-interface-prefix", iptables.DefaultWorkloadPrefix,
+		"name prefix of pods' host-side interfaces (the ptp CNI plugin's is veth), and of no other interface of the node: the traffic of such an interface is dropped until its programs and policy are attached")
 	fs.UintVar(&ctSize, "conntrack-size", 0, "conntrack table capacity (0: default)")
 	fs.Var(&fl, "fault", "reintroduce a known defect, for the suite's self-test (repeatable): "+strings.Join(faults.Known(), ", "))
 	fs.Parse(args)
@@ -125,6 +127,8 @@ func dump(args []string) error {
 	stringify("backends", func() (map[string]string, error) { return strs(dp.Backends().All()) })
 	stringify("conntrack", func() (map[string]string, error) { return strs(dp.Conntrack().All()) })
 	stringify("endpoints", func() (map[string]string, error) { return strs(dp.Endpoints().All()) })
+	stringify("ipsets", func() (map[string]string, error) { return strs(dp.IPSets().All()) })
+	stringify("policy", func() (map[string]string, error) { return strs(dp.Policy().All()) })
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
