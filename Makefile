@@ -8,10 +8,10 @@ OUT := _output
 BIN := $(OUT)/bin
 
 # Debian packages needed at run time, and to regenerate the BPF objects.
-RUNTIME_PKGS := iptables nftables iproute2 conntrack util-linux kmod bpftool
+RUNTIME_PKGS := iptables nftables iproute2 conntrack util-linux kmod bpftool ipset
 GENERATE_PKGS := clang llvm libbpf-dev
 
-.PHONY: all deps deps-generate control-plane cni binaries build test lint \
+.PHONY: all deps deps-generate control-plane cni kube-router binaries build test lint \
         bench conformance selftest generate cleanup clean
 
 # The implementation `make conformance` runs against, and the profiles to run
@@ -47,7 +47,11 @@ control-plane:
 cni:
 	@topologies/binaries/build.sh cni
 
-binaries: control-plane cni
+## kube-router: build kube-router (a NetworkPolicy peer, docs/kube-router.md) once
+kube-router:
+	@topologies/binaries/build.sh kube-router
+
+binaries: control-plane cni kube-router
 
 ## build: the project's own binaries into _output/bin
 build:

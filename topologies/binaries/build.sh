@@ -4,6 +4,7 @@
 #
 #   build.sh control-plane   etcd, kube-apiserver, kube-controller-manager, kube-proxy
 #   build.sh cni             ptp, host-local, loopback
+#   build.sh kube-router     kube-router (a NetworkPolicy peer; its own module, kube-router/)
 #   build.sh dir             print the cache directory (builds nothing)
 #
 # DPC_CACHE_DIR overrides the cache root (default ${XDG_CACHE_HOME:-~/.cache}/dpconform).
@@ -18,6 +19,9 @@ cni=$(ver github.com/containernetworking/plugins)
 root=${DPC_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dpconform}
 cpdir="$root/control-plane/k8s-$k8s-etcd-$etcd"
 cnidir="$root/cni/plugins-$cni"
+# kube-router is built from a module of its own (kube-router/go.mod says why).
+kr=$(cd kube-router && ver github.com/cloudnativelabs/kube-router/v2)
+krdir="$root/kube-router/$kr"
 
 # progress NAME START: reads `go build -v` output, prints a line every 100 packages
 # and every line that is not a package path (compiler errors, "# pkg" headers).
@@ -47,7 +51,7 @@ build() {
 	fi
 	mkdir -p "$dir"
 	local start=$SECONDS n=0
-	echo "  $name: building $pkg (the first build of the control plane takes ~8 min on 2 cores)"
+	echo "  $name: building $pkg (a first build takes minutes on 2 cores; the control plane ~8 min)"
 	# -v prints each package as it is compiled; count them so that progress is visible
 	# without flooding the terminal, and pass compiler errors through.
 	if ! go build -trimpath -v -ldflags "-s -w $ldflags" -o "$dir/.$name.tmp" "$pkg" 2>&1 | progress "$name" "$start"; then
@@ -81,12 +85,22 @@ cni)
 	build host-local github.com/containernetworking/plugins/plugins/ipam/host-local "$cnidir"
 	build loopback github.com/containernetworking/plugins/plugins/main/loopback "$cnidir"
 	;;
+kube-router)
+	# As kube-router's own Makefile builds it (CGO_ENABLED=0, the version stamped in).
+	# v2.1.0 has published security advisories: it runs only inside a run's node
+	# namespaces, never on the host (docs/kube-router.md).
+	echo "kube-router $kr -> $krdir (takes a few minutes on 2 cores the first time)"
+	cd kube-router
+	CGO_ENABLED=0 build kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router "$krdir" \
+		"-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$kr"
+	;;
 dir)
 	echo "$cpdir"
 	echo "$cnidir"
+	echo "$krdir"
 	;;
 *)
-	echo "usage: $0 control-plane|cni|dir" >&2
+	echo "usage: $0 control-plane|cni|kube-router|dir" >&2
 	exit 2
 	;;
 esac
