@@ -1,0 +1,187 @@
+// Command kube-router-driver makes kube-router's network policy controller an
+// implementation under test: a NetworkPolicy dataplane (iptables and ipset), driven
+// through the driver contract (docs/driver.md) like any vendor's dataplane, one verb
+// per call, JSON on stdout, its verbs written on fv/driver/skel. kube-router runs with
+// its firewall only (no routing, no service proxy) inside the node's network namespace
+// of a netns topology; pods keep the topology's default wiring (ptp + host-local).
+//
+// kube-router v2.1.0 has published security advisories: the driver runs it only inside
+// a run's node namespaces, never in the host's own network namespace.
+//
+// Environment: DPC_NODE, DPC_NETNS, DPC_KUBECONFIG, DPC_STATE_DIR, DPC_TOPOLOGY as the
+// contract says; DPC_KUBE_ROUTER (the kube-router binary; default the one `make
+// kube-router` builds). See docs/kube-router.md.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/skel"
+	"github.com/dpconform/dpconform/topologies/controlplane"
+	"github.com/dpconform/dpconform/topologies/netns"
+)
+
+// Version is the kube-router release `make kube-router` builds; it must match
+// topologies/binaries/kube-router/go.mod (a test checks that it does).
+const Version = "v2.1.0"
+
+// EnvBinary overrides where the driver finds kube-router.
+const EnvBinary = "DPC_KUBE_ROUTER"
+
+// features are what kube-router's network policy controller implements of the Policy
+// profile. It also enforces egress, ipBlock and named ports, which the profile's specs
+// exercise; Services are not its business here (no service proxy).
+var features = []string{"NetworkPolicy", "TCP", "UDP"}
+
+// Budgets of the verbs, inside the contract's timeouts (fv/driver.DefaultTimeouts).
+const (
+	startWait   = 20 * time.Second
+	stopWait    = 30 * time.Second
+	killWait    = 5 * time.Second
+	statusWait  = 3 * time.Second
+	collectWait = 45 * time.Second
+	cleanupWait = 45 * time.Second
+)
+
+func main() {
+	skel.Main("kube-router-driver", skel.Funcs{
+		Info: info,
+		Start: func(ctx context.Context, n skel.Node, _ driver.StartOptions) (int, error) {
+			a, err := agentFor(n)
+			if err != nil {
+				return 0, err
+			}
+			ctx, cancel := context.WithTimeout(ctx, startWait)
+			defer cancel()
+			pid, err := a.Start(ctx)
+			if err != nil {
+				return 0, skel.Fail("start failed", "%w", err)
+			}
+			return pid, nil
+		},
+		Status: func(ctx context.Context, n skel.Node) (driver.Status, error) {
+			a, err := agentFor(n)
+			if err != nil {
+				return driver.Status{}, err
+			}
+			ctx, cancel := context.WithTimeout(ctx, statusWait)
+			defer cancel()
+			st := a.Status(ctx)
+			return driver.Status{Running: st.PID != 0, Ready: st.Ready()}, nil
+		},
+		Stop: func(ctx context.Context, n skel.Node) error {
+			a, err := agentFor(n)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(ctx, stopWait)
+			defer cancel()
+			if err := a.Stop(ctx); err != nil {
+				return skel.Fail("agent did not exit", "%w", err)
+			}
+			return nil
+		},
+		Kill: func(ctx context.Context, n skel.Node) error {
+			a, err := agentFor(n)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(ctx, killWait)
+			defer cancel()
+			if err := a.Kill(ctx); err != nil {
+				return skel.Fail("agent did not exit", "%w", err)
+			}
+			return nil
+		},
+		// No Events: kube-router logs its drops to NFLOG group 100 (rate-limited to
+		// 10 a minute per pod), which is no complete verdict stream; it does not
+		// claim the Observability profile.
+		Collect: func(ctx context.Context, n skel.Node, dir string) ([]string, error) {
+			a, err := agentFor(n)
+			if err != nil {
+				return nil, err
+			}
+			ctx, cancel := context.WithTimeout(ctx, collectWait)
+			defer cancel()
+			files, err := a.Diagnostics(ctx, dir)
+			if err != nil && len(files) == 0 {
+				return nil, skel.Fail("collect failed", "%w", err)
+			}
+			return files, nil
+		},
+		Cleanup: func(ctx context.Context, n skel.Node) error {
+			a, err := agentFor(n)
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(ctx, cleanupWait)
+			defer cancel()
+			if err := a.Cleanup(ctx); err != nil {
+				return skel.Fail("cleanup failed", "%w", err)
+			}
+			return nil
+		},
+		RequireNetNS: true,
+		CheckNode:    checkTopology,
+	})
+}
+
+func info(context.Context) (driver.Info, error) {
+	return driver.Info{
+		Name:     "kube-router",
+		Version:  Version,
+		Profiles: []string{"Policy"},
+		Features: features,
+		CNI:      json.RawMessage(netns.DefaultCNIConfig),
+	}, nil
+}
+
+// checkTopology refuses a kind topology before skel asks for the DPC_NETNS that kind
+// never sets: the reason to give is the topology, not the variable.
+func checkTopology(n skel.Node) error {
+	if n.Topology != "" && n.Topology != "netns" {
+		return skel.Fail("unsupported topology", "DPC_TOPOLOGY=%s: this driver runs kube-router inside a node's network namespace (DPC_TOPOLOGY=netns); on kind, deploy kube-router's own DaemonSet", n.Topology)
+	}
+	return nil
+}
+
+// Binary is where the driver finds kube-router: DPC_KUBE_ROUTER, else the cache of
+// `make kube-router`.
+func Binary() string {
+	if p := os.Getenv(EnvBinary); p != "" {
+		return p
+	}
+	return filepath.Join(controlplane.CacheDir(), "kube-router", Version, "kube-router")
+}
+
+// agentFor builds the agent for the node of this call; skel has checked the
+// contract's environment.
+func agentFor(n skel.Node) (*agent, error) {
+	if _, err := os.Stat(n.Kubeconfig); err != nil {
+		return nil, skel.Fail("bad environment", "DPC_KUBECONFIG=%s: %w", n.Kubeconfig, err)
+	}
+	bin := Binary()
+	if err := executable(bin); err != nil {
+		return nil, skel.Fail("missing binary", "kube-router: %w (run `make kube-router` to build it, or set %s)", err, EnvBinary)
+	}
+	// kube-router inherits this environment, DPC_RUN included: the topology's cleanup
+	// finds a kube-router that outlived its run by it.
+	return &agent{Binary: bin, NetNS: n.NetNS, Dir: n.StateDir, Node: n.Name, Kubeconfig: n.Kubeconfig}, nil
+}
+
+func executable(path string) error {
+	st, err := os.Stat(path)
+	if err != nil {
+		return err
+	}
+	if st.IsDir() || st.Mode()&0o111 == 0 {
+		return errors.New(path + " is not an executable file")
+	}
+	return nil
+}
