@@ -60,7 +60,8 @@ type Input struct {
 type Desired struct {
 	// Sets are the IP sets the endpoints' rules refer to, by ID.
 	Sets map[uint32]Set
-	// Endpoints holds a policy for every endpoint of the Input, by ifindex.
+	// Endpoints holds a policy for every endpoint of the Input, by ifindex. Replicas
+	// (same namespace, labels and ports) share their rule slices: read, never modify.
 	Endpoints map[int]bpf.EndpointPolicy
 }
 
