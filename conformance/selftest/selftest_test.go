@@ -77,14 +77,14 @@ func runWith(ctx context.Context, s conformance.Spec, path, name string, budgets
 	return res
 }
 
-// stubDriver writes a driver that claims Core and does nothing: its agent is
+// stubDriver writes a driver that claims Core, ModeSwitch and Policy and does nothing: its agent is
 // "running" and, if ready, reports ready without programming anything.
 func stubDriver(dir string, ready bool) string {
 	GinkgoHelper()
 	path := filepath.Join(dir, fmt.Sprintf("stub-driver-ready-%v", ready))
 	script := `#!/bin/sh
 case "$1" in
-info) echo '{"name":"stub","version":"0","profiles":["Core","ModeSwitch"],"features":["ClusterIP","NodePort","NodePortRemoteBackend","TCP","UDP"]}' ;;
+info) echo '{"name":"stub","version":"0","profiles":["Core","ModeSwitch","Policy"],"features":["ClusterIP","NodePort","NodePortRemoteBackend","TCP","UDP","NetworkPolicy"]}' ;;
 status) echo '{"running":true,"ready":` + fmt.Sprint(ready) + `}' ;;
 collect) echo '{"files":[]}' ;;
 *) echo '{}' ;;
@@ -108,12 +108,16 @@ var _ = Describe("the catalogue", func() {
 // every spec, and so does one that never becomes ready.
 var _ = Describe("a stub implementation", func() {
 	for _, s := range conformance.Specs() {
-		// It fails the Core specs on a precondition (nothing is programmed) and the
-		// ModeSwitch specs because kube-proxy's rules are never taken over.
-		want := map[conformance.Profile]conformance.FailureKind{conformance.Core: matchers.KindPrecondition, conformance.ModeSwitch: conformance.KindRulesLeft}[s.Profile]
+		// It fails the Core specs on a precondition (nothing is programmed), the
+		// ModeSwitch specs because kube-proxy's rules are never taken over, and the
+		// Policy specs because what a policy denies is delivered.
+		want := map[conformance.Profile]conformance.FailureKind{
+			conformance.Core: matchers.KindPrecondition, conformance.ModeSwitch: conformance.KindRulesLeft, conformance.Policy: matchers.KindDelivered,
+		}[s.Profile]
 		It("that does nothing fails "+s.ID+" ("+string(want)+")", func(ctx SpecContext) {
 			b := conformance.DefaultBudgets
 			b.Programmed = 3 * time.Second // it will never be programmed: do not wait 10 s for that
+			b.PolicyProgrammed = time.Second
 			res := runWith(ctx, s, stubDriver(GinkgoT().TempDir(), true), "does-nothing", b)
 			Expect(res.Result).To(Equal(conformance.Failed), "%s: %s", res.Result, res.Reason)
 			Expect(res.FailedKinds()).To(ContainElement(want), res.Reason)

@@ -81,8 +81,8 @@ func info(context.Context) (driver.Info, error) {
 	return driver.Info{
 		Name:     "refdp",
 		Version:  version,
-		Profiles: []string{"Core", "ModeSwitch"},
-		Features: []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP"},
+		Profiles: []string{"Core", "ModeSwitch", "Policy"},
+		Features: []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP", "NetworkPolicy"},
 		CNI:      json.RawMessage(cniConfig),
 		// refdp has one mode, its default; a start may still name it.
 		Modes: []string{"ebpf"},
