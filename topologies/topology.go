@@ -91,6 +91,11 @@ type PodSpec struct {
 	Ports []ContainerPort
 	// NotReady leaves the pod's Ready condition false.
 	NotReady bool
+	// OnWired, if set, runs once the pod's sandbox is wired by CNI and before the
+	// kubelet's part (the status with the pod's IP) is written, as a container starts
+	// once its sandbox is ready: a probe started here sends from the pod's first
+	// possible packet, before the API says where the pod is. An error fails AddPod.
+	OnWired func(ctx context.Context, p Pod) error
 }
 
 // ContainerPort is a port a pod declares.

@@ -2,6 +2,7 @@ package netns_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os/exec"
@@ -13,6 +14,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
@@ -130,6 +132,34 @@ var _ = Describe("a 2-node netns topology", Ordered, func() {
 		Expect(topo.RemovePod(ctx, pods[3])).To(Succeed())
 		Expect(topologies.WaitForEndpoints(ctx, topo.Kube(), "default", "web", pods[:3]...)).To(Succeed())
 		pods = pods[:3]
+	})
+
+	It("starts a pod's container (OnWired) once it is wired, before its status names its IP", func() {
+		serve(pods[1])
+		var ranWith, dialled string
+		p, err := topo.AddPod(ctx, topologies.PodSpec{Name: "early", Namespace: "wired", Node: "node-a",
+			OnWired: func(ctx context.Context, p topologies.Pod) error {
+				obj, err := topo.Kube().CoreV1().Pods("wired").Get(ctx, "early", metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				ranWith = obj.Status.PodIP
+				dialled, err = dial(ctx, p, pods[1].IP().String())
+				return err
+			}})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(ranWith).To(BeEmpty(), "the status named the pod's IP before its container started")
+		Expect(dialled).To(Equal("web-1"), "the pod's network works from its first moment")
+		obj, err := topo.Kube().CoreV1().Pods("wired").Get(ctx, "early", metav1.GetOptions{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(obj.Status.PodIP).To(Equal(p.IP().String()))
+
+		By("failing AddPod, and leaving nothing, when the container fails to start")
+		_, err = topo.AddPod(ctx, topologies.PodSpec{Name: "broken", Namespace: "wired", Node: "node-a",
+			OnWired: func(context.Context, topologies.Pod) error { return errors.New("container exited") }})
+		Expect(err).To(MatchError(ContainSubstring("container exited")))
+		_, err = topo.Kube().CoreV1().Pods("wired").Get(ctx, "broken", metav1.GetOptions{})
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the failed pod's object is left: %v", err)
 	})
 
 	It("writes a kubeconfig that works from inside a node", func() {

@@ -236,6 +236,11 @@ func (t *Topology) AddPod(ctx context.Context, spec topologies.PodSpec) (_ topol
 	if !p.ip.IsValid() {
 		return nil, fmt.Errorf("CNI ADD for pod %s returned no IPv4 address: %+v", p.key(), r.IPs)
 	}
+	if spec.OnWired != nil {
+		if err := spec.OnWired(ctx, p); err != nil {
+			return nil, fmt.Errorf("pod %s wired: %w", p.key(), err)
+		}
+	}
 	if err := t.writeRunning(ctx, obj, p.ip, n.ip, !spec.NotReady); err != nil {
 		return nil, fmt.Errorf("write status of Pod %s: %w", p.key(), err)
 	}
