@@ -15,8 +15,9 @@
  * addresses as source (a martian).
  *
  * Each concept has its header: pkt.h (parsing and rewriting), conntrack.h,
- * nat.h (DNAT to service backends), snat.h (NodePort SNAT) and policy.h
- * (network policy); this file holds the programs, which tie them together.
+ * nat.h (DNAT to service backends), snat.h (NodePort SNAT), policy.h
+ * (network policy) and verdicts.h (the verdicts policy reports); this file
+ * holds the programs, which tie them together.
  * bpf2go builds it into one object.
  */
 #include <linux/bpf.h>
@@ -29,6 +30,7 @@
 #include "nat.h"
 #include "snat.h"
 #include "policy.h"
+#include "verdicts.h"
 
 char __license[] SEC("license") = "Dual MIT/GPL";
 
@@ -74,8 +76,11 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 			/* A workload whose ingress is isolated answers only
 			 * the flows its policy admitted. */
 			if (ep && (ep->flags & DPC_EP_INGRESS_ISOLATED) &&
-			    !(ct->flags & DPC_CT_INGRESS_OK))
+			    !(ct->flags & DPC_CT_INGRESS_OK)) {
+				report_verdict(&p.tuple, skb->ifindex, DPC_DIR_INGRESS,
+					       DPC_VERDICT_DENY, DPC_REASON_NOT_ADMITTED);
 				return TC_ACT_SHOT;
+			}
 			/* Reverse DNAT happens where the reply leaves. */
 			set_mark(skb, DPC_MARK_SEEN);
 			return TC_ACT_OK;
@@ -105,8 +110,7 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 			return TC_ACT_OK;
 		}
 		/* A new flow without NAT, or a SYN that restarts one. */
-		if (ep && policy_denies(ep, skb->ifindex, DPC_DIR_EGRESS, p.tuple.dst, p.tuple.dport,
-					p.tuple.proto))
+		if (ep && policy_denies(ep, skb->ifindex, DPC_DIR_EGRESS, &p.tuple))
 			return TC_ACT_SHOT;
 		if (!ct)
 			track_plain(&p.tuple, flags, now);
@@ -128,8 +132,14 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 	if (!be)
 		return TC_ACT_SHOT;
 	/* Policy sees the backend, not the frontend. */
-	if (ep && policy_denies(ep, skb->ifindex, DPC_DIR_EGRESS, be->addr, be->port, p.tuple.proto))
-		return TC_ACT_SHOT;
+	if (ep) {
+		struct ct_key judged = p.tuple;
+
+		judged.dst = be->addr;
+		judged.dport = be->port;
+		if (policy_denies(ep, skb->ifindex, DPC_DIR_EGRESS, &judged))
+			return TC_ACT_SHOT;
+	}
 	if (!(ct && (ct->flags & DPC_CT_DNAT) && ct->nat_addr == be->addr &&
 	      ct->nat_port == be->port)) {
 		if (track_nat(&p.tuple, be, fe->service_id, flags, now) < 0)

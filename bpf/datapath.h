@@ -196,6 +196,40 @@ struct policy_rule {
 	__u8 pad[3];
 };
 
+/*
+ * Policy verdicts (flow logs), in the ring buffer dpc_verdicts: every packet
+ * that policy drops, and one allow per new flow that an isolated direction of
+ * an endpoint admits. Traffic of a direction that is not isolated is not
+ * reported. When the ring buffer is full, the verdict is counted in
+ * dpc_verdicts_lost (a per-CPU __u64 at index 0) instead.
+ */
+#define DPC_VERDICTS_SIZE (1U << 20) /* bytes; a power of two, a multiple of the page size */
+
+#define DPC_VERDICT_DENY  0
+#define DPC_VERDICT_ALLOW 1
+
+/* Why: */
+#define DPC_REASON_NO_RULES     0 /* deny: the direction is isolated and has no rules */
+#define DPC_REASON_NO_MATCH     1 /* deny: none of the direction's rules matched */
+#define DPC_REASON_NOT_ADMITTED 2 /* deny: the endpoint's reply on a flow its ingress policy did not admit */
+#define DPC_REASON_RULE_MATCHED 3 /* allow: a rule matched */
+
+/* The tuple is the flow as policy judged it: for egress, after service DNAT
+ * (the backend as destination); for DPC_REASON_NOT_ADMITTED, the reply. */
+struct verdict_event {
+	__u64 time_ns; /* bpf_ktime_get_ns(): CLOCK_MONOTONIC */
+	__be32 src;
+	__be32 dst;
+	__be16 sport;
+	__be16 dport;
+	__u8 proto;
+	__u8 verdict; /* DPC_VERDICT_* */
+	__u8 dir;     /* DPC_DIR_*: the endpoint's policy direction that judged it */
+	__u8 reason;  /* DPC_REASON_* */
+	__u32 ifindex; /* the endpoint's host-side interface */
+	__u32 pad;
+};
+
 /* dpc_config: a single entry at index 0. */
 struct config_value {
 	__be32 host_ip;       /* the node's IP on the host interface: NodePort SNAT source */

@@ -16,17 +16,19 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	datapathMapDpcBackends    = "dpc_backends"
-	datapathMapDpcConfig      = "dpc_config"
-	datapathMapDpcConntrack   = "dpc_conntrack"
-	datapathMapDpcEndpoints   = "dpc_endpoints"
-	datapathMapDpcFrontends   = "dpc_frontends"
-	datapathMapDpcIpsets      = "dpc_ipsets"
-	datapathMapDpcPolicy      = "dpc_policy"
-	datapathProgTcEpEgress    = "tc_ep_egress"
-	datapathProgTcEpIngress   = "tc_ep_ingress"
-	datapathProgTcHostEgress  = "tc_host_egress"
-	datapathProgTcHostIngress = "tc_host_ingress"
+	datapathMapDpcBackends     = "dpc_backends"
+	datapathMapDpcConfig       = "dpc_config"
+	datapathMapDpcConntrack    = "dpc_conntrack"
+	datapathMapDpcEndpoints    = "dpc_endpoints"
+	datapathMapDpcFrontends    = "dpc_frontends"
+	datapathMapDpcIpsets       = "dpc_ipsets"
+	datapathMapDpcPolicy       = "dpc_policy"
+	datapathMapDpcVerdicts     = "dpc_verdicts"
+	datapathMapDpcVerdictsLost = "dpc_verdicts_lost"
+	datapathProgTcEpEgress     = "tc_ep_egress"
+	datapathProgTcEpIngress    = "tc_ep_ingress"
+	datapathProgTcHostEgress   = "tc_host_egress"
+	datapathProgTcHostIngress  = "tc_host_ingress"
 )
 
 // loadDatapath returns the embedded CollectionSpec for datapath.
@@ -81,13 +83,15 @@ type datapathProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathMapSpecs struct {
-	DpcBackends  *ebpf.MapSpec `ebpf:"dpc_backends"`
-	DpcConfig    *ebpf.MapSpec `ebpf:"dpc_config"`
-	DpcConntrack *ebpf.MapSpec `ebpf:"dpc_conntrack"`
-	DpcEndpoints *ebpf.MapSpec `ebpf:"dpc_endpoints"`
-	DpcFrontends *ebpf.MapSpec `ebpf:"dpc_frontends"`
-	DpcIpsets    *ebpf.MapSpec `ebpf:"dpc_ipsets"`
-	DpcPolicy    *ebpf.MapSpec `ebpf:"dpc_policy"`
+	DpcBackends     *ebpf.MapSpec `ebpf:"dpc_backends"`
+	DpcConfig       *ebpf.MapSpec `ebpf:"dpc_config"`
+	DpcConntrack    *ebpf.MapSpec `ebpf:"dpc_conntrack"`
+	DpcEndpoints    *ebpf.MapSpec `ebpf:"dpc_endpoints"`
+	DpcFrontends    *ebpf.MapSpec `ebpf:"dpc_frontends"`
+	DpcIpsets       *ebpf.MapSpec `ebpf:"dpc_ipsets"`
+	DpcPolicy       *ebpf.MapSpec `ebpf:"dpc_policy"`
+	DpcVerdicts     *ebpf.MapSpec `ebpf:"dpc_verdicts"`
+	DpcVerdictsLost *ebpf.MapSpec `ebpf:"dpc_verdicts_lost"`
 }
 
 // datapathVariableSpecs contains global variables before they are loaded into the kernel.
@@ -116,13 +120,15 @@ func (o *datapathObjects) Close() error {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathMaps struct {
-	DpcBackends  *ebpf.Map `ebpf:"dpc_backends"`
-	DpcConfig    *ebpf.Map `ebpf:"dpc_config"`
-	DpcConntrack *ebpf.Map `ebpf:"dpc_conntrack"`
-	DpcEndpoints *ebpf.Map `ebpf:"dpc_endpoints"`
-	DpcFrontends *ebpf.Map `ebpf:"dpc_frontends"`
-	DpcIpsets    *ebpf.Map `ebpf:"dpc_ipsets"`
-	DpcPolicy    *ebpf.Map `ebpf:"dpc_policy"`
+	DpcBackends     *ebpf.Map `ebpf:"dpc_backends"`
+	DpcConfig       *ebpf.Map `ebpf:"dpc_config"`
+	DpcConntrack    *ebpf.Map `ebpf:"dpc_conntrack"`
+	DpcEndpoints    *ebpf.Map `ebpf:"dpc_endpoints"`
+	DpcFrontends    *ebpf.Map `ebpf:"dpc_frontends"`
+	DpcIpsets       *ebpf.Map `ebpf:"dpc_ipsets"`
+	DpcPolicy       *ebpf.Map `ebpf:"dpc_policy"`
+	DpcVerdicts     *ebpf.Map `ebpf:"dpc_verdicts"`
+	DpcVerdictsLost *ebpf.Map `ebpf:"dpc_verdicts_lost"`
 }
 
 func (m *datapathMaps) Close() error {
@@ -134,6 +140,8 @@ func (m *datapathMaps) Close() error {
 		m.DpcFrontends,
 		m.DpcIpsets,
 		m.DpcPolicy,
+		m.DpcVerdicts,
+		m.DpcVerdictsLost,
 	)
 }
 

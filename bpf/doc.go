@@ -103,6 +103,21 @@
 // The programs search at most MaxPolicyRules rules per direction, with
 // bpf_loop (Linux 5.17+).
 //
+// # Policy verdicts
+//
+// The endpoint programs report policy's verdicts (flow logs) into a ring
+// buffer, pinned with the maps (VerdictsMapName, VerdictRingSize bytes):
+// a deny for every packet that policy drops, and one allow per new flow that
+// an isolated direction admits, at its admission (later packets of admitted
+// flows are not judged, so not reported). Flows of a direction that is not
+// isolated are not reported. Each Verdict names the flow as policy judged it
+// (for egress, the backend after DNAT), the direction, the reason and the
+// time (CLOCK_MONOTONIC). A verdict that finds the ring buffer full is
+// counted in a per-CPU counter instead (VerdictsLostMapName). VerdictReader
+// drains the pinned ring buffer from any process, agent or not; the read
+// position is the ring buffer's own, so successive readers each get what is
+// new.
+//
 // # Limits
 //
 // Not handled (yet): traffic that the node itself originates towards a
@@ -134,7 +149,7 @@
 // # Generated code
 //
 // The C sources are datapath.c (the programs), a header per concept that
-// it includes (pkt.h, conntrack.h, nat.h, snat.h, policy.h) and datapath.h
+// it includes (pkt.h, conntrack.h, nat.h, snat.h, policy.h, verdicts.h) and datapath.h
 // (the shared types, mirrored by types.go). The bpf2go object and bindings
 // are committed, so building needs no clang. To regenerate them (clang and
 // llvm-strip, libbpf-dev and the kernel headers installed), from the

@@ -43,3 +43,27 @@ func Example() {
 		log.Fatal(err)
 	}
 }
+
+// A flow-log reader, in a process of its own: it drains what the programs
+// reported since the last reader drained, and says how many verdicts found the
+// ring buffer full since it was created (compare with the last reader's count
+// to know whether any were lost since).
+func ExampleOpenVerdicts() {
+	r, err := bpf.OpenVerdicts("/run/dpc/node-a/bpf")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer r.Close()
+	vs, err := r.Drain()
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, v := range vs {
+		log.Printf("%d %s", v.TimeNs, v) // e.g. "deny ingress 10.0.0.2:5000->10.244.0.5:80/TCP on if7 (no rule matched)"
+	}
+	lost, err := r.Lost()
+	if err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("%d verdicts lost in all", lost)
+}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
 )
 
@@ -41,6 +42,9 @@ func TestLayoutMatchesBTF(t *testing.T) {
 		{"policy_key", PolicyKey{}, policyKeySize, map[string]uint32{"ifindex": 0, "dir": 4, "slot": 5, "index": 6}},
 		{"policy_rule", PolicyRule{}, policyRuleSize, map[string]uint32{"set_id": 0, "port_min": 4, "port_max": 6, "proto": 8}},
 		{"config_value", Config{}, configValueSize, map[string]uint32{"host_ip": 0, "host_ifindex": 4, "flags": 8}},
+		{"verdict_event", Verdict{}, verdictSize, map[string]uint32{
+			"time_ns": 0, "src": 8, "dst": 12, "sport": 16, "dport": 18, "proto": 20, "verdict": 21, "dir": 22, "reason": 23, "ifindex": 24,
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var s *btf.Struct
@@ -73,13 +77,14 @@ func TestLayoutMatchesBTF(t *testing.T) {
 
 	// The maps use these types.
 	for name, kv := range map[string][2]string{
-		FrontendsMapName: {"frontend_key", "frontend_value"},
-		BackendsMapName:  {"backend_key", "backend_value"},
-		ConntrackMapName: {"ct_key", "ct_value"},
-		EndpointsMapName: {"__u32", "endpoint_value"},
-		IPSetsMapName:    {"ipset_key", "ipset_value"},
-		PolicyMapName:    {"policy_key", "policy_rule"},
-		ConfigMapName:    {"__u32", "config_value"},
+		FrontendsMapName:    {"frontend_key", "frontend_value"},
+		BackendsMapName:     {"backend_key", "backend_value"},
+		ConntrackMapName:    {"ct_key", "ct_value"},
+		EndpointsMapName:    {"__u32", "endpoint_value"},
+		IPSetsMapName:       {"ipset_key", "ipset_value"},
+		PolicyMapName:       {"policy_key", "policy_rule"},
+		ConfigMapName:       {"__u32", "config_value"},
+		VerdictsLostMapName: {"__u32", "__u64"},
 	} {
 		m := spec.Maps[name]
 		if m == nil {
@@ -89,6 +94,9 @@ func TestLayoutMatchesBTF(t *testing.T) {
 		if m.Key.TypeName() != kv[0] || m.Value.TypeName() != kv[1] {
 			t.Errorf("map %s: %s -> %s, want %s -> %s", name, m.Key.TypeName(), m.Value.TypeName(), kv[0], kv[1])
 		}
+	}
+	if m := spec.Maps[VerdictsMapName]; m == nil || m.Type != ebpf.RingBuf || m.MaxEntries != VerdictRingSize || m.Value.TypeName() != "verdict_event" {
+		t.Errorf("map %s: %+v, want a ring buffer of %d bytes of verdict_event", VerdictsMapName, m, VerdictRingSize)
 	}
 }
 
@@ -142,6 +150,13 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"DPC_IPSET_EXCEPT":        ipsetExcept,
 		"DPC_DIR_INGRESS":         uint64(Ingress),
 		"DPC_DIR_EGRESS":          uint64(Egress),
+		"DPC_VERDICTS_SIZE":       VerdictRingSize,
+		"DPC_VERDICT_DENY":        uint64(VerdictDeny),
+		"DPC_VERDICT_ALLOW":       uint64(VerdictAllow),
+		"DPC_REASON_NO_RULES":     uint64(ReasonNoRules),
+		"DPC_REASON_NO_MATCH":     uint64(ReasonNoMatch),
+		"DPC_REASON_NOT_ADMITTED": uint64(ReasonNotAdmitted),
+		"DPC_REASON_RULE_MATCHED": uint64(ReasonRuleMatched),
 	} {
 		c, ok := defines[name]
 		if !ok {

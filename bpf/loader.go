@@ -41,6 +41,7 @@ const (
 var mapNames = []string{
 	FrontendsMapName, BackendsMapName, ConntrackMapName, EndpointsMapName,
 	IPSetsMapName, PolicyMapName, ConfigMapName, PreviousConntrackPinName,
+	VerdictsMapName, VerdictsLostMapName,
 }
 
 // DefaultConntrackSize is the conntrack capacity (entries; a flow takes two)
@@ -102,14 +103,15 @@ func CheckKernel() error {
 	if err := features.HaveProgramType(ebpf.SchedCLS); err != nil {
 		return fmt.Errorf("kernel lacks BPF program type sched_cls (tc hooks): %w", err)
 	}
-	for _, mt := range []ebpf.MapType{ebpf.Hash, ebpf.LRUHash, ebpf.Array, ebpf.LPMTrie} {
+	for _, mt := range []ebpf.MapType{ebpf.Hash, ebpf.LRUHash, ebpf.Array, ebpf.LPMTrie, ebpf.PerCPUArray, ebpf.RingBuf} {
 		if err := features.HaveMapType(mt); err != nil {
 			return fmt.Errorf("kernel lacks BPF map type %s: %w", mt, err)
 		}
 	}
 	for _, fn := range []asm.BuiltinFunc{
 		asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnL3CsumReplace,
-		asm.FnL4CsumReplace, asm.FnKtimeGetNs, asm.FnLoop,
+		asm.FnL4CsumReplace, asm.FnKtimeGetNs, asm.FnLoop, asm.FnRingbufReserve,
+		asm.FnRingbufSubmit,
 	} {
 		if err := features.HaveProgramHelper(ebpf.SchedCLS, fn); err != nil {
 			return fmt.Errorf("kernel lacks BPF helper %s for tc programs: %w", fn, err)

@@ -1,12 +1,13 @@
 /* SPDX-License-Identifier: (MIT OR GPL-2.0-only) */
 /*
  * Network policy: the IP sets and the rules of each endpoint (see datapath.h),
- * and the verdict on a new flow.
+ * and the verdict on a new flow, which it reports (verdicts.h).
  */
 #ifndef DPC_POLICY_H
 #define DPC_POLICY_H
 
 #include "conntrack.h"
+#include "verdicts.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
@@ -69,26 +70,30 @@ static long rule_matches(__u64 index, void *ctx)
 	return 1;
 }
 
-/* policy_denies: the endpoint ep (behind interface ifindex) is isolated in
- * direction dir, and none of its live rules for dir matches the peer (the
- * source for ingress, the destination for egress), the destination port
- * and the protocol.
+/* policy_denies judges a new flow f in direction dir of the endpoint ep
+ * (behind interface ifindex): it denies if the direction is isolated and none
+ * of its live rules matches the peer (the source for ingress, the
+ * destination for egress), the destination port and the protocol. f is the
+ * flow as policy sees it: for egress, after service DNAT. The verdict on an
+ * isolated direction is reported (see verdicts.h), so call it once per
+ * packet that starts a flow: a flow's allow is reported once, each packet
+ * denied is.
  *
  * The rules are searched with bpf_loop (Linux 5.17+) rather than a bounded
  * loop: the verifier checks its body once, whereas it would walk a bounded
  * loop iteration by iteration, DPC_POLICY_RULES_MAX times at each of the
  * places that ask for a verdict, in both endpoint programs. */
 static __always_inline int policy_denies(const struct endpoint_value *ep, __u32 ifindex, __u8 dir,
-					 __be32 peer, __be16 dport, __u8 proto)
+					 const struct ct_key *f)
 {
 	/* The writer flips the flags, the slot and the counts in one update of
 	 * the endpoint: read them once, together. */
 	struct endpoint_value e = *ep;
 	struct policy_match m = {
 		.key = {.ifindex = ifindex, .dir = dir, .slot = e.policy_slot},
-		.peer = peer,
-		.dport = bpf_ntohs(dport),
-		.proto = proto,
+		.peer = dir == DPC_DIR_INGRESS ? f->src : f->dst,
+		.dport = bpf_ntohs(f->dport),
+		.proto = f->proto,
 	};
 	__u32 n;
 
@@ -104,7 +109,12 @@ static __always_inline int policy_denies(const struct endpoint_value *ep, __u32 
 	if (n > DPC_POLICY_RULES_MAX)
 		n = DPC_POLICY_RULES_MAX;
 	bpf_loop(n, rule_matches, &m, 0);
-	return !m.allowed;
+	if (m.allowed) {
+		report_verdict(f, ifindex, dir, DPC_VERDICT_ALLOW, DPC_REASON_RULE_MATCHED);
+		return 0;
+	}
+	report_verdict(f, ifindex, dir, DPC_VERDICT_DENY, n ? DPC_REASON_NO_MATCH : DPC_REASON_NO_RULES);
+	return 1;
 }
 
 /* ingress_admit judges a packet in the original direction of its flow where
@@ -125,7 +135,7 @@ static __always_inline int ingress_admit(const struct endpoint_value *ep, __u32 
 
 	if (ct->flags & DPC_CT_INGRESS_OK)
 		return 1;
-	if (policy_denies(ep, ifindex, DPC_DIR_INGRESS, p->tuple.src, p->tuple.dport, p->tuple.proto))
+	if (policy_denies(ep, ifindex, DPC_DIR_INGRESS, &p->tuple))
 		return 0;
 	ct->flags |= DPC_CT_INGRESS_OK;
 	if (!(ct->flags & DPC_CT_REPLY)) {

@@ -652,3 +652,123 @@ func (c *Config) UnmarshalBinary(b []byte) error {
 	*c = Config{HostIP: getAddr(b[0:4]), HostIfindex: binary.NativeEndian.Uint32(b[4:])}
 	return nil
 }
+
+// VerdictRingSize is the size of the ring buffer of policy verdicts, in bytes
+// (DPC_VERDICTS_SIZE): some 26000 verdicts that no one has read yet.
+const VerdictRingSize = 1 << 20
+
+// VerdictAction mirrors DPC_VERDICT_*: what policy did with a flow.
+type VerdictAction uint8
+
+// Verdict actions.
+const (
+	VerdictDeny  VerdictAction = 0
+	VerdictAllow VerdictAction = 1
+)
+
+// String returns "deny" or "allow".
+func (a VerdictAction) String() string {
+	switch a {
+	case VerdictDeny:
+		return "deny"
+	case VerdictAllow:
+		return "allow"
+	}
+	return fmt.Sprintf("action(%d)", uint8(a))
+}
+
+// VerdictReason mirrors DPC_REASON_*: why policy decided as it did.
+type VerdictReason uint8
+
+// Verdict reasons.
+const (
+	// ReasonNoRules: the direction is isolated and has no rules (deny).
+	ReasonNoRules VerdictReason = 0
+	// ReasonNoMatch: none of the direction's rules matched (deny).
+	ReasonNoMatch VerdictReason = 1
+	// ReasonNotAdmitted: the endpoint replied on a flow that its ingress
+	// policy did not admit (deny); the flow is the reply.
+	ReasonNotAdmitted VerdictReason = 2
+	// ReasonRuleMatched: a rule matched (allow).
+	ReasonRuleMatched VerdictReason = 3
+)
+
+// String describes the reason in a few words.
+func (r VerdictReason) String() string {
+	switch r {
+	case ReasonNoRules:
+		return "isolated, no rules"
+	case ReasonNoMatch:
+		return "no rule matched"
+	case ReasonNotAdmitted:
+		return "reply on a flow not admitted"
+	case ReasonRuleMatched:
+		return "rule matched"
+	}
+	return fmt.Sprintf("reason(%d)", uint8(r))
+}
+
+// Verdict mirrors struct verdict_event: one policy verdict that the programs
+// reported (see VerdictReader). They report every packet that policy drops,
+// and one allow per new flow that an isolated direction of an endpoint
+// admits; nothing on a direction that is not isolated.
+type Verdict struct {
+	// TimeNs is when the verdict was given, in CLOCK_MONOTONIC nanoseconds.
+	TimeNs uint64
+	// Flow is the flow as policy judged it: for egress, after service DNAT
+	// (the backend as destination); for ReasonNotAdmitted, the reply.
+	Flow    ConntrackKey
+	Action  VerdictAction
+	Dir     Direction
+	Reason  VerdictReason
+	Ifindex uint32 // the endpoint's host-side interface
+}
+
+const verdictSize = 32
+
+// MarshalBinary encodes v as struct verdict_event.
+func (v Verdict) MarshalBinary() ([]byte, error) {
+	b := make([]byte, verdictSize)
+	binary.NativeEndian.PutUint64(b[0:], v.TimeNs)
+	if err := putAddr(b[8:12], v.Flow.Src, "verdict source"); err != nil {
+		return nil, err
+	}
+	if err := putAddr(b[12:16], v.Flow.Dst, "verdict destination"); err != nil {
+		return nil, err
+	}
+	binary.BigEndian.PutUint16(b[16:], v.Flow.SrcPort)
+	binary.BigEndian.PutUint16(b[18:], v.Flow.DstPort)
+	b[20] = byte(v.Flow.Proto)
+	b[21] = byte(v.Action)
+	b[22] = byte(v.Dir)
+	b[23] = byte(v.Reason)
+	binary.NativeEndian.PutUint32(b[24:], v.Ifindex)
+	return b, nil
+}
+
+// UnmarshalBinary decodes struct verdict_event.
+func (v *Verdict) UnmarshalBinary(b []byte) error {
+	if err := checkLen(b, verdictSize, "verdict"); err != nil {
+		return err
+	}
+	*v = Verdict{
+		TimeNs: binary.NativeEndian.Uint64(b[0:]),
+		Flow: ConntrackKey{
+			Src:     getAddr(b[8:12]),
+			Dst:     getAddr(b[12:16]),
+			SrcPort: binary.BigEndian.Uint16(b[16:]),
+			DstPort: binary.BigEndian.Uint16(b[18:]),
+			Proto:   Proto(b[20]),
+		},
+		Action:  VerdictAction(b[21]),
+		Dir:     Direction(b[22]),
+		Reason:  VerdictReason(b[23]),
+		Ifindex: binary.NativeEndian.Uint32(b[24:]),
+	}
+	return nil
+}
+
+// String formats v as "deny ingress src:port->dst:port/proto on if<n> (reason)".
+func (v Verdict) String() string {
+	return fmt.Sprintf("%s %s %s on if%d (%s)", v.Action, v.Dir, v.Flow, v.Ifindex, v.Reason)
+}
