@@ -32,7 +32,9 @@ type Report struct {
 	// those that differ from the catalogue's defaults.
 	Budgets   map[string]string `json:"budgets"`
 	Overrides []string          `json:"budgetOverrides,omitempty"`
-	Profiles  []ProfileReport   `json:"profiles"`
+	// Repeat is how many times each spec ran (--repeat), each in a fresh world.
+	Repeat   int             `json:"repeat"`
+	Profiles []ProfileReport `json:"profiles"`
 }
 
 // SuiteInfo identifies the suite.
@@ -67,14 +69,31 @@ type ProfileReport struct {
 
 // SpecReport is one spec's line in the report.
 type SpecReport struct {
-	ID       string        `json:"id"`
-	Result   ResultKind    `json:"result"`
-	Kind     string        `json:"kind,omitempty"`
-	Reason   string        `json:"reason,omitempty"`
-	Duration string        `json:"duration"`
-	Checks   []CheckReport `json:"checks,omitempty"`
-	// Diagnostics are the files the driver collected, relative to the report.
+	ID       string     `json:"id"`
+	Result   ResultKind `json:"result"`
+	Kind     string     `json:"kind,omitempty"`
+	Reason   string     `json:"reason,omitempty"`
+	Duration string     `json:"duration"`
+	// Passes is "k of N" for a spec that ran N > 1 times: it passed only if all did.
+	Passes string `json:"passes,omitempty"`
+	// Runs are each run's result, in order, for a spec that ran more than once.
+	Runs []RunReport `json:"runs,omitempty"`
+	// ChecksFromRun is the run whose checks the report carries (the first failed,
+	// else the first errored, else the last), for a spec that ran more than once.
+	ChecksFromRun int           `json:"checksFromRun,omitempty"`
+	Checks        []CheckReport `json:"checks,omitempty"`
+	// Diagnostics are the files the driver collected (of every run, each in a
+	// directory of its own), relative to the report.
 	Diagnostics []string `json:"diagnostics,omitempty"`
+}
+
+// RunReport is one run of a repeated spec, without its checks.
+type RunReport struct {
+	Run      int        `json:"run"`
+	Result   ResultKind `json:"result"`
+	Kind     string     `json:"kind,omitempty"`
+	Reason   string     `json:"reason,omitempty"`
+	Duration string     `json:"duration"`
 }
 
 // CheckReport is one check, with every figure next to its budget.
@@ -99,9 +118,10 @@ type FigureReport struct {
 	Within   bool     `json:"withinBudget"`
 }
 
-// BuildReport assembles a report from results, in registry order. claimed says which
-// profiles the run certifies (Runner.Claimed).
-func BuildReport(info driver.Info, topology string, budgets Budgets, claimed func(Profile) bool, results []Result, now time.Time) Report {
+// BuildReport assembles a report from results, in registry order. repeat is how many
+// times each spec ran (Runner.Repeat); claimed says which profiles the run certifies
+// (Runner.Claimed).
+func BuildReport(info driver.Info, topology string, budgets Budgets, repeat int, claimed func(Profile) bool, results []Result, now time.Time) Report {
 	rep := Report{
 		APIVersion: "dpconform.io/v1alpha1",
 		Kind:       "ConformanceReport",
@@ -114,6 +134,7 @@ func BuildReport(info driver.Info, topology string, budgets Budgets, claimed fun
 		Topology:  topology,
 		Budgets:   budgets.Values(),
 		Overrides: budgets.Overridden(),
+		Repeat:    repeat,
 	}
 	byProfile := map[Profile][]Result{}
 	for _, r := range results {
@@ -178,6 +199,13 @@ func (rep Report) Certified() error {
 
 func specReport(r Result) SpecReport {
 	sr := SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics}
+	if len(r.Runs) > 0 {
+		k, n := r.Passes()
+		sr.Passes, sr.ChecksFromRun = fmt.Sprintf("%d of %d", k, n), r.ChecksFrom
+	}
+	for i, run := range r.Runs {
+		sr.Runs = append(sr.Runs, RunReport{Run: i + 1, Result: run.Result, Kind: string(run.Kind), Reason: run.Reason, Duration: run.Duration.String()})
+	}
 	for _, c := range r.Checks {
 		cr := CheckReport{Name: c.Name, Result: Passed, Window: c.Window}
 		if !c.Passed {
@@ -268,10 +296,18 @@ func (rep Report) PrintSummary(out io.Writer) {
 			if s.Result == Passed {
 				detail = keyFigures(s)
 			}
-			fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.ID, s.Result, detail)
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.ID, s.resultColumn(), detail)
 		}
 	}
 	tw.Flush()
+}
+
+// resultColumn is the spec's result, with "k/N" runs passed when it ran N > 1 times.
+func (s SpecReport) resultColumn() string {
+	if s.Passes == "" {
+		return string(s.Result)
+	}
+	return string(s.Result) + " " + strings.Replace(s.Passes, " of ", "/", 1)
 }
 
 // keyFigures picks the figures with budgets, for a passed spec's summary line.

@@ -43,7 +43,7 @@ func TestBuildReportProfileResults(t *testing.T) {
 		{"nothing ran", []Result{{ID: "A", Profile: Core, Result: Skipped, Optional: true}}, Incomplete},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			rep := BuildReport(driverInfo(), "netns", DefaultBudgets, claimsCore, append(tc.results, Result{ID: "C", Profile: Policy, Result: Skipped}), time.Time{})
+			rep := BuildReport(driverInfo(), "netns", DefaultBudgets, 1, claimsCore, append(tc.results, Result{ID: "C", Profile: Policy, Result: Skipped}), time.Time{})
 			if len(rep.Profiles) != 2 || rep.Profiles[0].Result != tc.want || rep.Profiles[1].Result != Skipped || rep.Profiles[1].Claimed {
 				t.Fatalf("profiles %+v, want Core %s and Policy skipped, unclaimed", rep.Profiles, tc.want)
 			}
@@ -56,7 +56,7 @@ func TestBuildReportProfileResults(t *testing.T) {
 
 // A driver that claims Core and no spec runs must not pass as certified.
 func TestCertifiedNeedsAClaimedProfile(t *testing.T) {
-	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, func(Profile) bool { return false },
+	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, 1, func(Profile) bool { return false },
 		[]Result{{ID: "A", Profile: Core, Result: Skipped}}, time.Time{})
 	if err := rep.Certified(); err == nil || !strings.Contains(err.Error(), "no profile") {
 		t.Errorf("Certified() = %v, want an error: nothing claimed was run", err)
@@ -71,7 +71,7 @@ func TestReportCarriesNoMachinePaths(t *testing.T) {
 	if len(rel) != 1 || rel[0] != "diagnostics/A/node-a/maps.txt" {
 		t.Fatalf("relativeTo = %v, want only the file under the output directory, relative", rel)
 	}
-	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, claimsCore,
+	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, 1, claimsCore,
 		[]Result{{ID: "A", Profile: Core, Result: Failed, Diagnostics: rel}}, time.Time{})
 	path := filepath.Join(out, "report.yaml")
 	if err := rep.WriteYAML(path); err != nil {

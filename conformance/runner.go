@@ -40,8 +40,11 @@ type Config struct {
 	NewTopology func(ctx context.Context, info driver.Info) (topologies.Topology, error)
 	// OutputDir receives diagnostics of failed specs (default _output/conformance).
 	OutputDir string
-	// SpecTimeout bounds one spec (default 5 min).
+	// SpecTimeout bounds one run of a spec (default 5 min).
 	SpecTimeout time.Duration
+	// Repeat is how many times each selected spec runs, each in a fresh world (0:
+	// once). A spec passes only if every run passes.
+	Repeat int
 	// Logf reports progress; ProbeStderr receives probes' stderr. Both may be nil.
 	Logf        func(format string, args ...any)
 	ProbeStderr io.Writer
@@ -58,9 +61,15 @@ type Result struct {
 	Checks      []CheckResult `json:"checks,omitempty"`
 	// Kind is how a spec failed outside its checks (not-ready, precondition).
 	Kind FailureKind `json:"kind,omitempty"`
-	// Diagnostics are the files the driver collected for a failed spec, relative to
-	// the output directory.
+	// Diagnostics are the files the driver collected for a failed spec (of every run),
+	// relative to the output directory.
 	Diagnostics []string `json:"diagnostics,omitempty"`
+	// Runs are the results of each run, in order, when the spec ran more than once
+	// (Config.Repeat); the fields above then combine them (combine).
+	Runs []Result `json:"runs,omitempty"`
+	// ChecksFrom is the run (from 1) whose Checks, Kind and Message the result
+	// carries, when it ran more than once.
+	ChecksFrom int `json:"checksFrom,omitempty"`
 	// Optional is set on a spec skipped only because the implementation does not
 	// claim an optional feature it needs: that skip does not keep its profile from
 	// passing.
@@ -101,6 +110,12 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.SpecTimeout == 0 {
 		cfg.SpecTimeout = 5 * time.Minute
 	}
+	if cfg.Repeat == 0 {
+		cfg.Repeat = 1
+	}
+	if cfg.Repeat < 0 {
+		return nil, fmt.Errorf("repeat %d: want at least one run of each spec", cfg.Repeat)
+	}
 	if cfg.Logf == nil {
 		cfg.Logf = func(string, ...any) {}
 	}
@@ -124,6 +139,9 @@ func (r *Runner) Info() driver.Info { return r.info }
 
 // Budgets are the budgets the runner holds the implementation to.
 func (r *Runner) Budgets() Budgets { return r.cfg.Budgets }
+
+// Repeat is how many times each selected spec runs.
+func (r *Runner) Repeat() int { return r.cfg.Repeat }
 
 // Claimed reports whether profile p is claimed by the implementation and selected
 // for this run: the profiles a run certifies.
@@ -155,16 +173,101 @@ func (r *Runner) Selected(s Spec) (ok bool, why string, optional bool) {
 	return true, "", false
 }
 
-// Run runs one spec in a world of its own and returns its result; it never panics on
-// a failure of the implementation, the driver or the environment.
-func (r *Runner) Run(ctx context.Context, s Spec) (res Result) {
+// Run runs one spec Repeat times, each in a world of its own, and returns its result
+// (the runs combined); it never panics on a failure of the implementation, the driver
+// or the environment. A spec that is not selected does not run and is skipped.
+func (r *Runner) Run(ctx context.Context, s Spec) Result {
+	if ok, why, optional := r.Selected(s); !ok {
+		return Result{ID: s.ID, Profile: s.Profile, Description: s.Description, Result: Skipped, Reason: why, Optional: optional}
+	}
+	runs := make([]Result, r.cfg.Repeat)
+	for i := range runs {
+		if len(runs) > 1 {
+			r.cfg.Logf("%s: run %d of %d", s.ID, i+1, len(runs))
+		}
+		runs[i] = r.runOnce(ctx, s, diagnosticsDir(s.ID, i+1, len(runs)))
+	}
+	if len(runs) == 1 {
+		return runs[0]
+	}
+	return combine(runs)
+}
+
+// diagnosticsDir is where run i of n of a spec keeps its diagnostics, relative to the
+// output directory: runs of a repeated spec do not overwrite each other's.
+func diagnosticsDir(id string, i, n int) string {
+	if n == 1 {
+		return filepath.Join("diagnostics", id)
+	}
+	return filepath.Join("diagnostics", id, fmt.Sprintf("run-%d", i))
+}
+
+// combine folds the runs of a spec into one result: failed if any run failed, error
+// if any errored and none failed, passed or skipped only if every run was (a mix of
+// passed and skipped runs is a skip that keeps the profile incomplete). It carries the
+// checks of the first failed run (else the first errored, else the last) and its
+// reason, prefixed with the run.
+func combine(runs []Result) Result {
+	res := Result{ID: runs[0].ID, Profile: runs[0].Profile, Description: runs[0].Description, Runs: runs}
+	count := map[ResultKind]int{}
+	for _, run := range runs {
+		count[run.Result]++
+		res.Duration += run.Duration
+		res.Diagnostics = append(res.Diagnostics, run.Diagnostics...)
+	}
+	kept := len(runs) - 1
+	switch {
+	case count[Failed] > 0:
+		res.Result, kept = Failed, firstRun(runs, Failed)
+	case count[Errored] > 0:
+		res.Result, kept = Errored, firstRun(runs, Errored)
+	case count[Passed] == len(runs):
+		res.Result = Passed
+	case count[Skipped] == len(runs):
+		res.Result, res.Reason, res.Optional = Skipped, runs[0].Reason, runs[0].Optional
+	default:
+		res.Result, kept = Skipped, firstRun(runs, Skipped)
+		res.Reason = fmt.Sprintf("skipped in %d of %d runs: %s", count[Skipped], len(runs), runs[kept].Reason)
+	}
+	k := runs[kept]
+	res.ChecksFrom, res.Checks, res.Kind, res.Message = kept+1, k.Checks, k.Kind, k.Message
+	if res.Result == Failed || res.Result == Errored {
+		res.Reason = fmt.Sprintf("run %d: %s", kept+1, k.Reason)
+	}
+	return res
+}
+
+// firstRun returns the index of the first run with result kind.
+func firstRun(runs []Result, kind ResultKind) int {
+	return slices.IndexFunc(runs, func(r Result) bool { return r.Result == kind })
+}
+
+// Passes returns how many of the spec's runs passed, of how many ran: a spec that
+// was not repeated ran once, or not at all if skipped.
+func (r Result) Passes() (passed, of int) {
+	if len(r.Runs) == 0 {
+		switch r.Result {
+		case Passed:
+			return 1, 1
+		case Skipped:
+			return 0, 0
+		}
+		return 0, 1
+	}
+	for _, run := range r.Runs {
+		if run.Result == Passed {
+			passed++
+		}
+	}
+	return passed, len(r.Runs)
+}
+
+// runOnce runs a selected spec once in a world of its own; the driver's diagnostics
+// of a failed run go to the directory diagnostics, under OutputDir.
+func (r *Runner) runOnce(ctx context.Context, s Spec, diagnostics string) (res Result) {
 	res = Result{ID: s.ID, Profile: s.Profile, Description: s.Description}
 	start := time.Now()
 	defer func() { res.Duration = time.Since(start).Round(time.Millisecond) }()
-	if ok, why, optional := r.Selected(s); !ok {
-		res.Result, res.Reason, res.Optional = Skipped, why, optional
-		return res
-	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.SpecTimeout)
 	defer cancel()
 
@@ -188,7 +291,7 @@ func (r *Runner) Run(ctx context.Context, s Spec) (res Result) {
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer ccancel()
 		if res.Result == Failed || res.Result == Errored {
-			res.Diagnostics = r.collect(cctx, w, s.ID)
+			res.Diagnostics = r.collect(cctx, w, s.ID, diagnostics)
 		}
 		if err := w.Cleanup(cctx); err != nil && res.Result == Passed {
 			res.Result, res.Reason = Errored, "driver cleanup: "+err.Error()
@@ -274,10 +377,10 @@ func (r *Runner) judge(res *Result, err, controlErr error) {
 	}
 }
 
-// collect asks the driver for diagnostics into OutputDir/diagnostics/ID and returns
-// the files that exist, relative to OutputDir.
-func (r *Runner) collect(ctx context.Context, w *harness.World, id string) []string {
-	files, err := w.Collect(ctx, filepath.Join(r.cfg.OutputDir, "diagnostics", id))
+// collect asks the driver for diagnostics into OutputDir/dir and returns the files
+// that exist, relative to OutputDir.
+func (r *Runner) collect(ctx context.Context, w *harness.World, id, dir string) []string {
+	files, err := w.Collect(ctx, filepath.Join(r.cfg.OutputDir, dir))
 	if err != nil {
 		r.cfg.Logf("%s: collect diagnostics: %v", id, err)
 	}

@@ -58,19 +58,19 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 				case Skipped:
 					ginkgo.Skip(res.Reason)
 				case Errored:
-					ginkgo.Fail("ERROR (not a verdict on the implementation): " + res.Reason + diagnostics(res))
+					ginkgo.Fail("ERROR (not a verdict on the implementation)" + passes(res) + ": " + res.Reason + diagnostics(res))
 				case Failed:
 					msg := "FAILED"
 					if res.Kind != "" {
 						msg += " (" + string(res.Kind) + ")"
 					}
-					msg += ": " + res.Reason
+					msg += passes(res) + ": " + res.Reason
 					if res.Message != "" {
 						msg += "\n\n" + res.Message
 					}
 					ginkgo.Fail(msg + diagnostics(res))
 				}
-			}, ginkgo.SpecTimeout(r.cfg.SpecTimeout+time.Minute))
+			}, ginkgo.SpecTimeout(time.Duration(r.cfg.Repeat)*(r.cfg.SpecTimeout+time.Minute)))
 		}
 	})
 	ginkgo.ReportAfterSuite("dpconform report", func(ginkgo.Report) {
@@ -87,7 +87,7 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 			}
 			all = append(all, res)
 		}
-		rep := BuildReport(r.info, opts.Topology, r.cfg.Budgets, r.Claimed, all, time.Now())
+		rep := BuildReport(r.info, opts.Topology, r.cfg.Budgets, r.cfg.Repeat, r.Claimed, all, time.Now())
 		if opts.Report != nil {
 			*opts.Report = rep
 		}
@@ -121,6 +121,15 @@ func checkEntry(c CheckResult) string {
 		figs = append(figs, measured(f))
 	}
 	return fmt.Sprintf("check %q %s: %s", c.Name, state, strings.Join(figs, "; "))
+}
+
+// passes says how many runs of a repeated spec passed, for its failure message.
+func passes(r Result) string {
+	if len(r.Runs) == 0 {
+		return ""
+	}
+	k, n := r.Passes()
+	return fmt.Sprintf(", passed %d of %d runs", k, n)
 }
 
 func diagnostics(r Result) string {

@@ -20,8 +20,9 @@ import (
 const usage = `dpconform: conformance of Kubernetes dataplanes across transitions
 
 usage:
-  dpconform run --driver PATH [--profiles Core,...] [--output DIR]
+  dpconform run --driver PATH [--profiles Core,...] [--output DIR] [--repeat N]
                                        run the suite against an implementation's driver
+                                       (each spec N times: it passes only if all N pass)
   dpconform specs                      list the spec catalogue
   dpconform cleanup [--run ID ...]     remove what killed runs left behind (idempotent)
   dpconform topology up [flags]        bring a netns topology up and hold it until ^C

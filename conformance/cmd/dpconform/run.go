@@ -35,9 +35,13 @@ func run(args []string) error {
 	fs.Var(&focus, "focus", "run only specs whose ID matches this regular expression (repeatable); the profiles it leaves incomplete are not certified")
 	budgets := conformance.DefaultBudgets
 	fs.Func("budget", "override a budget, name=value (repeatable; budgets: "+strings.Join(conformance.BudgetNames(), ", ")+")", budgets.Set)
+	repeat := fs.Int("repeat", 1, "run each selected spec `N` times, each in a fresh world; a spec passes only if all N runs pass, and the report gives its passes as k of N")
 	fs.Parse(args)
 	if *drv == "" {
 		return errors.New("--driver is required: the path of your implementation's driver executable (see docs/driver.md)")
+	}
+	if *repeat < 1 {
+		return fmt.Errorf("--repeat %d: want at least 1 (the number of runs of each spec)", *repeat)
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("the netns topology needs root: run dpconform as root")
@@ -52,7 +56,7 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets}
+	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets, Repeat: *repeat}
 	if cfg.Profiles, err = conformance.ParseProfiles(*profiles); err != nil {
 		return fmt.Errorf("--profiles: %w", err)
 	}
