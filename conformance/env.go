@@ -152,6 +152,14 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 	if err != nil {
 		return err
 	}
+	// The servers still run: the window is judged on what they reported through its
+	// end (the window is a snapshot, so take it again after the wait).
+	if err := e.waitReported(ctx, win.End); err != nil {
+		return err
+	}
+	if win, err = e.transitionWindow(from, settle); err != nil {
+		return err
+	}
 	for _, c := range sc.Checks {
 		if _, err := e.check(ctx, c, win, false); err != nil {
 			return err
@@ -167,11 +175,24 @@ func (e *Env) steadyState(ctx context.Context, from monotime.Time) (timeline.Win
 		return timeline.Window{}, err
 	}
 	end := monotime.Now()
-	// Attempts are reported when they end: leave them time to.
-	if err := sleep(ctx, e.Budgets.AttemptTimeout+100*time.Millisecond); err != nil {
+	// Attempts are reported when they end, and datagrams when they arrive: wait for
+	// every probe's report through the window's end.
+	if err := e.waitReported(ctx, end); err != nil {
 		return timeline.Window{}, err
 	}
 	return e.World.Window(from, start, end), nil
+}
+
+// waitReported waits until every probe still running (the servers, once the traffic
+// has stopped) has reported through t, for at most an attempt's timeout and a second
+// more: a probe that cannot is an instrument that failed.
+func (e *Env) waitReported(ctx context.Context, t monotime.Time) error {
+	ctx, cancel := context.WithTimeout(ctx, e.Budgets.AttemptTimeout+time.Second)
+	defer cancel()
+	if err := e.World.WaitReported(ctx, t, matchers.DefaultGrace); err != nil {
+		return fmt.Errorf("%w: %w", ErrEnvironment, err)
+	}
+	return nil
 }
 
 // transitionWindow spans the scenario's transition events: from Lead before the

@@ -416,6 +416,26 @@ func reachOutcomes(cfg probe.Reach, events []probe.Event) ([]probe.Event, string
 	return out, strings.Join(problems, "; ")
 }
 
+// WaitReported waits until every probe still running has reported through t, and
+// every server through t plus grace (a datagram sent at t may still be in flight), so
+// that a window ending at t can be judged. ctx bounds the wait.
+func (w *World) WaitReported(ctx context.Context, t monotime.Time, grace time.Duration) error {
+	w.mu.Lock()
+	clients, servers := slices.Clone(w.probes), slices.Clone(w.servers)
+	w.mu.Unlock()
+	for _, p := range clients {
+		if err := p.WaitMark(ctx, t); err != nil {
+			return err
+		}
+	}
+	for _, p := range servers {
+		if err := p.WaitMark(ctx, t.Add(grace)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // StopProbes stops every client probe gracefully (they flush their last events) and
 // waits; the probes are retired (see Window).
 func (w *World) StopProbes(ctx context.Context) error {
