@@ -560,6 +560,21 @@ func TestHaveNoVerdicts(t *testing.T) {
 		},
 		pass: true, verdict: matchers.Pass,
 	}, {
+		name:  "fails on a deny from any source to the server when the source is left empty",
+		build: verdicts(6000, other),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveNoVerdicts("deny", matchers.Between("", "10.244.0.7"))
+		},
+		verdict: matchers.Violation, kind: matchers.KindVerdict, figure: "deny_verdicts", figureVal: 1,
+		contains: []string{"10.244.0.9:4000 -> 10.244.0.7:80"},
+	}, {
+		name:  "ignores denies to other servers when the source is left empty",
+		build: verdicts(6000, other),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveNoVerdicts("deny", matchers.Between("", "10.244.0.8"))
+		},
+		pass: true, verdict: matchers.Pass,
+	}, {
 		name:     "is an instrument error when no verdicts were polled",
 		build:    func(*timeline.Timeline) {},
 		matcher:  func() matchers.Matcher { return matchers.HaveNoVerdicts("deny") },

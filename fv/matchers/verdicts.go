@@ -10,7 +10,8 @@ import (
 )
 
 // Between restricts HaveNoVerdicts to verdicts on flows from src to dst (IP
-// addresses, as the implementation reports them); repeat it for several flows.
+// addresses, as the implementation reports them; an empty one matches any address,
+// e.g. every flow to a server); repeat it for several flows.
 func Between(src, dst string) Option {
 	return func(o *options) { o.flows = append(o.flows, [2]string{src, dst}) }
 }
@@ -39,7 +40,9 @@ func HaveNoVerdicts(verdict string, opts ...Option) Matcher {
 		var found []timeline.Verdict
 		total := 0
 		for _, v := range w.VerdictsInside() {
-			if len(o.flows) > 0 && !slices.Contains(o.flows, [2]string{v.Src, v.Dst}) {
+			if len(o.flows) > 0 && !slices.ContainsFunc(o.flows, func(f [2]string) bool {
+				return (f[0] == "" || f[0] == v.Src) && (f[1] == "" || f[1] == v.Dst)
+			}) {
 				continue
 			}
 			total++
