@@ -589,6 +589,37 @@ func TestHaveNoVerdicts(t *testing.T) {
 	}})
 }
 
+func TestHaveVerdicts(t *testing.T) {
+	verdicts := func(through float64, vs ...timeline.Verdict) func(*timeline.Timeline) {
+		return func(tl *timeline.Timeline) { tl.AddVerdicts("node-a", at(through), vs) }
+	}
+	deny := timeline.Verdict{Time: at(2300), Node: "node-a", Verdict: "deny", Src: "10.244.0.5", Dst: "10.244.0.7", Proto: "udp", Sport: 4000, Dport: 80}
+	allow := deny
+	allow.Verdict = "allow"
+	run(t, []check{{
+		name:  "passes when the denied flow is reported as denied",
+		build: verdicts(6000, allow, deny),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveVerdicts("deny", matchers.Between("10.244.0.5", "10.244.0.7"))
+		},
+		pass: true, verdict: matchers.Pass, figure: "deny_verdicts", figureVal: 1,
+	}, {
+		name:  "fails when the implementation reported no deny on it",
+		build: verdicts(6000, allow),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveVerdicts("deny", matchers.Between("10.244.0.5", "10.244.0.7"))
+		},
+		verdict: matchers.Violation, kind: matchers.KindVerdict,
+		contains: []string{"0 \"deny\" of 1 verdicts", `no "deny" verdict was reported on the selected flows (1 verdicts on them in all)`},
+	}, {
+		name:     "is an instrument error when the polls stopped before the window end",
+		build:    verdicts(4000, deny),
+		matcher:  func() matchers.Matcher { return matchers.HaveVerdicts("deny") },
+		verdict:  matchers.Instrument,
+		contains: []string{"reported only up to"},
+	}})
+}
+
 // Every outcome a connect probe can record has its kind, and wrong-backend is only a
 // reply from a backend the check did not allow.
 func TestAttemptKind(t *testing.T) {
