@@ -4,7 +4,8 @@
 // the call, checks the node environment and writes the reply.
 //
 // Environment: DPC_NODE, DPC_NETNS, DPC_KUBECONFIG, DPC_STATE_DIR, DPC_TOPOLOGY as the
-// contract says; DPC_BPFFS (the node's bpffs, default /sys/fs/bpf); REFDP_BINARY (the
+// contract says; DPC_BPFFS (the node's bpffs, default /sys/fs/bpf, where `events` finds
+// the policy verdicts that refdp's programs report, agent running or not); REFDP_BINARY (the
 // agent, default `refdp` next to this executable); DPC_REFDP_FAULTS (comma-separated
 // faults to start the agent with, for the self-test).
 package main
@@ -68,8 +69,7 @@ func main() {
 		Kill: func(_ context.Context, n skel.Node) error {
 			return nodeEnv(n).stopAgent(syscall.SIGKILL, 10*time.Second)
 		},
-		// No Events: refdp reports no policy verdicts (it does not claim the
-		// Observability profile).
+		Events: events,
 		Collect: func(_ context.Context, n skel.Node, dir string) ([]string, error) {
 			return nodeEnv(n).collect(dir), nil
 		},
@@ -81,8 +81,8 @@ func info(context.Context) (driver.Info, error) {
 	return driver.Info{
 		Name:     "refdp",
 		Version:  version,
-		Profiles: []string{"Core", "ModeSwitch", "Policy"},
-		Features: []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP", "NetworkPolicy"},
+		Profiles: []string{"Core", "ModeSwitch", "Policy", "Observability"},
+		Features: []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP", "NetworkPolicy", "PolicyVerdicts"},
 		CNI:      json.RawMessage(cniConfig),
 		// refdp has one mode, its default; a start may still name it.
 		Modes: []string{"ebpf"},

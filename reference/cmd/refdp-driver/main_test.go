@@ -40,7 +40,7 @@ func TestBadInput(t *testing.T) {
 		{"unknown fault", []string{"start"}, append(good, "DPC_REFDP_FAULTS=no-such-fault", "REFDP_BINARY=/bin/true"), []string{"DPC_REFDP_FAULTS", "no-such-fault", "known faults"}},
 		{"agent binary missing", []string{"start"}, good, []string{"refdp", "make build", "REFDP_BINARY"}},
 		{"collect without a directory", []string{"collect"}, good, []string{"--dir"}},
-		{"events unsupported", []string{"events"}, good, []string{"unsupported", "Observability"}},
+		{"bad cursor", []string{"events", "--cursor", "garbage"}, good, []string{"bad cursor", `"garbage"`}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
