@@ -37,6 +37,10 @@
 //     kube-proxy's FORWARD accepted: flows that predate the datapath (fallthrough
 //     packets the Linux stack's conntrack knows);
 //  9. report ready.
+//
+// Steps 3 to 6 run in the order roundOrder returns, which faults of the self-test
+// change. NetworkPolicies are compiled from the agent's own view of them (policyView),
+// kept by the informer's events.
 package agent
 
 import (
@@ -56,7 +60,6 @@ import (
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
@@ -122,13 +125,13 @@ type Agent struct {
 	hostIdx int
 	hostsOK bool // host IPs known
 
-	svcLister    cacheLister
-	sliceLister  cacheLister
-	podLister    cacheLister // every pod of the cluster
-	nsLister     cacheLister
-	policyLister cacheLister
-	nodeLister   cacheLister
-	synced       []cache.InformerSynced
+	svcLister   cacheLister
+	sliceLister cacheLister
+	podLister   cacheLister // every pod of the cluster
+	nsLister    cacheLister
+	policies    *policyView
+	nodeLister  cacheLister
+	synced      []cache.InformerSynced
 
 	attached map[int]endpoint // ifindex -> endpoint, programs and policy attached
 	// iptablesFor is the set of workload ifindexes refdp's chains were last written
@@ -169,7 +172,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Node == "" || cfg.Kubeconfig == "" || cfg.PinDir == "" || cfg.StateDir == "" {
 		return errors.New("agent: Node, Kubeconfig, PinDir and StateDir are required")
 	}
-	a := &Agent{cfg: cfg, log: cfg.Log, kick: make(chan struct{}, 1), applied: make(chan struct{}), attached: map[int]endpoint{}}
+	a := &Agent{cfg: cfg, log: cfg.Log, kick: make(chan struct{}, 1), applied: make(chan struct{}), attached: map[int]endpoint{},
+		policies: newPolicyView(cfg.Faults.Has(faults.DeleteThenAddPolicy))}
 	a.status = &statusFile{path: filepath.Join(cfg.StateDir, StatusFile)}
 	if err := a.status.write(false, "starting"); err != nil {
 		return err
@@ -208,6 +212,14 @@ func Run(ctx context.Context, cfg Config) error {
 		if cfg.Faults.Has(f) {
 			a.log.Warn("fault: the policy compiler is defective", "fault", f, "what", faults.Describe(f))
 		}
+	}
+	for _, f := range []string{faults.AttachBeforeIPSets, faults.RedirectBeforePolicy} {
+		if cfg.Faults.Has(f) {
+			a.log.Warn("fault: a round runs its steps out of order", "fault", f, "what", faults.Describe(f), "order", fmt.Sprint(roundOrder(cfg.Faults)))
+		}
+	}
+	if cfg.Faults.Has(faults.DeleteThenAddPolicy) {
+		a.log.Warn("fault: a NetworkPolicy update is applied as a delete, then an add a round later", "fault", faults.DeleteThenAddPolicy)
 	}
 	if cfg.Faults.Has(faults.FlushNATOnStart) {
 		a.log.Warn("fault: flushing NAT maps on start", "fault", faults.FlushNATOnStart)
@@ -257,6 +269,11 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := a.dp.AttachHost(a.hostIdx); err != nil {
 		return fmt.Errorf("attach to %s: %w", cfg.HostInterface, err)
 	}
+	if cfg.Faults.Has(faults.OpenWhileRestarting) {
+		if err := a.reattachFromScratch(); err != nil {
+			return err
+		}
+	}
 	if n, err := a.dp.MigrateConntrack(); err != nil {
 		return err
 	} else if n > 0 {
@@ -268,7 +285,9 @@ func Run(ctx context.Context, cfg Config) error {
 		return err
 	}
 	go a.watchHostIPs(ctx, link)
-	a.startInformers(ctx, kube)
+	if err := a.startInformers(ctx, kube); err != nil {
+		return err
+	}
 	a.status.write(false, "waiting for the datastore and host IPs")
 	return a.loop(ctx)
 }
@@ -283,7 +302,7 @@ func (a *Agent) client() (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rc)
 }
 
-func (a *Agent) startInformers(ctx context.Context, kube kubernetes.Interface) {
+func (a *Agent) startInformers(ctx context.Context, kube kubernetes.Interface) error {
 	f := informers.NewSharedInformerFactory(kube, 0)
 	self := informers.NewSharedInformerFactoryWithOptions(kube, 0, informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", a.cfg.Node).String()
@@ -303,18 +322,25 @@ func (a *Agent) startInformers(ctx context.Context, kube kubernetes.Interface) {
 		UpdateFunc: func(any, any) { a.poke() },
 		DeleteFunc: func(any) { a.poke() },
 	}
-	for _, inf := range []cache.SharedIndexInformer{svc, slices, pods, namespaces, policies, node} {
+	for _, inf := range []cache.SharedIndexInformer{svc, slices, pods, namespaces, node} {
 		inf.AddEventHandler(h)
 		a.synced = append(a.synced, inf.HasSynced)
 	}
+	// Policies are read from the agent's own view, which their events keep: the view
+	// is in sync once the handler has had the informer's initial list.
+	reg, err := policies.AddEventHandler(a.policies.handler(a.poke))
+	if err != nil {
+		return fmt.Errorf("watch network policies: %w", err)
+	}
+	a.synced = append(a.synced, reg.HasSynced)
 	a.svcLister = indexerLister{svc.GetIndexer()}
 	a.sliceLister = indexerLister{slices.GetIndexer()}
 	a.podLister = indexerLister{pods.GetIndexer()}
 	a.nsLister = indexerLister{namespaces.GetIndexer()}
-	a.policyLister = indexerLister{policies.GetIndexer()}
 	a.nodeLister = indexerLister{node.GetIndexer()}
 	f.Start(ctx.Done())
 	self.Start(ctx.Done())
+	return nil
 }
 
 func (a *Agent) poke() {
@@ -410,6 +436,11 @@ func (a *Agent) loop(ctx context.Context) error {
 		} else {
 			a.lastSyncError = ""
 		}
+		if readded := a.policies.roundDone(); len(readded) > 0 {
+			// The add half of updates split by the fault: a round of its own.
+			a.log.Warn("fault: updated NetworkPolicies were deleted for a round, now added again", "fault", faults.DeleteThenAddPolicy, "policies", readded)
+			a.poke()
+		}
 	}
 }
 
@@ -443,23 +474,27 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	want := a.localEndpoints()
 	desired := a.computePolicy(want)
-	if err := a.writeIPSets(desired); err != nil {
-		return err
-	}
-	if err := a.writeEndpointPolicies(want, desired); err != nil {
-		return err
-	}
-	if err := a.attachNewEndpoints(want, desired); err != nil {
-		return err
-	}
-	if err := a.syncIPTables(ctx, want); err != nil {
-		return err
-	}
-	if err := a.detachGoneEndpoints(want); err != nil {
-		return err
-	}
-	if err := a.deleteUnreferencedSets(desired); err != nil {
-		return err
+	for _, s := range roundOrder(a.cfg.Faults) {
+		var err error
+		switch s {
+		case stepWriteIPSets:
+			err = a.writeIPSets(desired)
+		case stepWritePolicies:
+			err = a.writeEndpointPolicies(want, desired)
+		case stepAttachNew:
+			err = a.attachNewEndpoints(want, desired, true)
+		case stepAttachNewUnpoliced:
+			err = a.attachNewEndpoints(want, desired, false)
+		case stepWriteIPTables:
+			err = a.syncIPTables(ctx, want)
+		case stepDetachGone:
+			err = a.detachGoneEndpoints(want)
+		case stepDeleteSets:
+			err = a.deleteUnreferencedSets(desired)
+		}
+		if err != nil {
+			return err
+		}
 	}
 	if err := a.syncServices(hostIPs, hostsOK); err != nil {
 		return err
@@ -474,6 +509,80 @@ func (a *Agent) sync(ctx context.Context) error {
 		a.log.Info("ready")
 		return a.status.write(true, "programmed and in sync")
 	}
+	return nil
+}
+
+// step is one of the steps 3 to 6 of a round (see the package comment).
+type step int
+
+const (
+	stepWriteIPSets        step = iota // 3
+	stepWritePolicies                  // 4: of the endpoints attached already
+	stepAttachNew                      // 5: new endpoints, each with its policy
+	stepAttachNewUnpoliced             // 5 without the policy (redirect-before-policy)
+	stepWriteIPTables                  // 6
+	stepDetachGone                     // 6
+	stepDeleteSets                     // 6
+)
+
+var stepNames = [...]string{"write-ipsets", "write-policies", "attach-new", "attach-new-unpoliced", "write-iptables", "detach-gone", "delete-sets"}
+
+func (s step) String() string { return stepNames[s] }
+
+// roundOrder returns the order in which a round runs steps 3 to 6: the package
+// comment's, or the one a fault puts in its place.
+func roundOrder(f faults.Set) []step {
+	attach := stepAttachNew
+	if f.Has(faults.RedirectBeforePolicy) {
+		attach = stepAttachNewUnpoliced
+	}
+	var order []step
+	if f.Has(faults.AttachBeforeIPSets) {
+		// Calico before PR 12164: the new endpoint is live (programs, then iptables)
+		// before the sets that hold its IP are written, and its peers switch to
+		// those sets only after that.
+		order = []step{attach, stepWriteIPTables, stepWriteIPSets, stepWritePolicies}
+	} else {
+		order = []step{stepWriteIPSets, stepWritePolicies, attach, stepWriteIPTables}
+	}
+	if attach == stepAttachNewUnpoliced {
+		// The policy of the endpoints attached without it, once their gates are open.
+		order = append(order, stepWritePolicies)
+	}
+	return append(order, stepDetachGone, stepDeleteSets)
+}
+
+// reattachFromScratch is the fault open-while-restarting: every endpoint found in the
+// pinned map is attached again as if new, its state rewritten from pod IP and flags
+// alone, without its policy, before the view is complete. The first complete round
+// attaches each again with its policy.
+func (a *Agent) reattachFromScratch() error {
+	type pinned struct {
+		ifindex int
+		v       bpf.EndpointValue
+	}
+	var eps []pinned
+	if err := a.dp.Endpoints().Iterate(func(k uint32, v bpf.EndpointValue) bool {
+		eps = append(eps, pinned{int(k), v})
+		return true
+	}); err != nil {
+		return fmt.Errorf("list pinned endpoints: %w", err)
+	}
+	n := 0
+	for _, ep := range eps {
+		if _, err := netlink.LinkByIndex(ep.ifindex); err != nil {
+			continue // gone with its pod
+		}
+		if err := a.dp.SetEndpointPolicy(ep.ifindex, bpf.EndpointPolicy{}); err != nil {
+			return fmt.Errorf("reset endpoint ifindex %d: %w", ep.ifindex, err)
+		}
+		flags := ep.v.Flags &^ (bpf.EndpointIngressIsolated | bpf.EndpointEgressIsolated)
+		if err := a.dp.AttachEndpoint(ep.ifindex, ep.v.PodIP, flags); err != nil {
+			return fmt.Errorf("re-attach endpoint ifindex %d: %w", ep.ifindex, err)
+		}
+		n++
+	}
+	a.log.Warn("fault: re-attached the pinned endpoints from scratch, without their policy, until the first complete round", "fault", faults.OpenWhileRestarting, "endpoints", n)
 	return nil
 }
 
@@ -512,9 +621,7 @@ func (a *Agent) computePolicy(want map[int]endpoint) policy.Desired {
 	for ifindex, ep := range want {
 		in.Endpoints[ep.pod] = ifindex
 	}
-	for _, o := range a.policyLister.List() {
-		in.Policies = append(in.Policies, o.(*networkingv1.NetworkPolicy))
-	}
+	in.Policies = a.policies.snapshot()
 	for _, o := range a.podLister.List() {
 		in.Pods = append(in.Pods, o.(*corev1.Pod))
 	}
@@ -563,21 +670,35 @@ func (a *Agent) writeEndpointPolicies(want map[int]endpoint, d policy.Desired) e
 			continue
 		}
 		if changed {
-			a.log.Info("endpoint policy written", "pod", ep.pod, "ifindex", ifindex)
+			p := d.Endpoints[ifindex]
+			a.log.Info("endpoint policy written", "pod", ep.pod, "ifindex", ifindex,
+				"ingressIsolated", p.IngressIsolated, "egressIsolated", p.EgressIsolated, "rules", len(p.Ingress)+len(p.Egress))
 		}
 	}
 	return errors.Join(errs...)
 }
 
 // attachNewEndpoints attaches the endpoint programs of each new endpoint together with
-// its policy (step 5).
-func (a *Agent) attachNewEndpoints(want map[int]endpoint, d policy.Desired) error {
+// its policy (step 5). Without withPolicy (the redirect-before-policy fault) a new
+// endpoint is attached as it is, with no policy if it had none, and its policy is left
+// to the next writeEndpointPolicies.
+func (a *Agent) attachNewEndpoints(want map[int]endpoint, d policy.Desired, withPolicy bool) error {
 	var errs []error
 	for ifindex, ep := range want {
 		if cur, ok := a.attached[ifindex]; ok && cur == ep {
 			continue
 		}
 		p := d.Endpoints[ifindex]
+		if !withPolicy {
+			if err := a.dp.AttachEndpoint(ifindex, ep.ip, bpf.EndpointFlags(0)); err != nil {
+				errs = append(errs, fmt.Errorf("pod %s: %w", ep.pod, err))
+				continue
+			}
+			a.policy.Forget(ifindex) // written by writeEndpointPolicies, later
+			a.log.Warn("fault: attached endpoint without its policy", "fault", faults.RedirectBeforePolicy, "pod", ep.pod, "ifindex", ifindex, "ip", ep.ip)
+			a.attached[ifindex] = ep
+			continue
+		}
 		if err := a.dp.AttachEndpointWithPolicy(ifindex, ep.ip, bpf.EndpointFlags(0), p); err != nil {
 			errs = append(errs, fmt.Errorf("pod %s: %w", ep.pod, err))
 			continue
@@ -585,6 +706,9 @@ func (a *Agent) attachNewEndpoints(want map[int]endpoint, d policy.Desired) erro
 		a.policy.Written(ifindex, p)
 		a.log.Info("attached endpoint", "pod", ep.pod, "ifindex", ifindex, "ip", ep.ip,
 			"ingressIsolated", p.IngressIsolated, "egressIsolated", p.EgressIsolated, "rules", len(p.Ingress)+len(p.Egress))
+		if a.cfg.Faults.Has(faults.AttachBeforeIPSets) {
+			a.log.Warn("fault: endpoint attached before the IP sets that hold its IP", "fault", faults.AttachBeforeIPSets, "pod", ep.pod)
+		}
 		a.attached[ifindex] = ep
 	}
 	return errors.Join(errs...)

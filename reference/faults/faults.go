@@ -58,6 +58,29 @@ const (
 	// ports, so a pod isolated for egress may reach an allowed peer on any port and
 	// protocol.
 	EgressIgnoresPorts = "egress-ignores-ports"
+	// AttachBeforeIPSets: a round attaches new endpoints (with their own policy) and
+	// opens their iptables gates before it writes the IP sets, and writes the policy
+	// of the endpoints that exist last, so a same-node peer whose ingress policy
+	// admits a new pod by label still judges it against its old set, without the
+	// pod's IP, and denies the pod's first packets while the pod already reaches
+	// unpoliced peers (Calico PR 12164, spurious denies for new workloads).
+	AttachBeforeIPSets = "attach-before-ipsets"
+	// RedirectBeforePolicy: a new endpoint's programs are attached and its gate
+	// opened without its policy, which is written only after iptables, so a new pod
+	// whose egress policy denies a destination reaches it meanwhile, and a flow it
+	// opened meanwhile stays admitted (Calico issue 6241: traffic redirected to a
+	// workload before its policy was attached, an attach gap that fails open).
+	RedirectBeforePolicy = "redirect-before-policy"
+	// DeleteThenAddPolicy: the agent's view of NetworkPolicies takes an update as a
+	// delete and then an add, each applied in a round of its own, so for one round
+	// the pods the policy selects have only their other policies (a default deny,
+	// say): new connections that both versions allow are denied meanwhile.
+	DeleteThenAddPolicy = "delete-then-add-policy"
+	// OpenWhileRestarting: on start the agent "adopts" the endpoints it finds pinned
+	// by re-attaching each from scratch, state rewritten from pod IP and flags alone,
+	// without its policy, before its view is complete, so every endpoint is unpoliced
+	// from the agent's start until its first complete round writes policy again.
+	OpenWhileRestarting = "open-while-restarting"
 )
 
 var known = map[string]string{
@@ -73,6 +96,10 @@ var known = map[string]string{
 	IgnoreIPBlockExcept:           "the policy compiler drops ipBlock.except: the whole cidr is admitted",
 	NamedPortsUnresolved:          "the policy compiler skips ports given by name: a named-port rule admits nothing on them",
 	EgressIgnoresPorts:            "the policy compiler builds egress rules without their ports: any port to an allowed peer",
+	AttachBeforeIPSets:            "new endpoints attached and their gates opened before the IP sets and their peers' policies are written (Calico PR 12164)",
+	RedirectBeforePolicy:          "new endpoints attached and their gates opened without their policy, written only after iptables (Calico 6241)",
+	DeleteThenAddPolicy:           "a NetworkPolicy update is applied as a delete and an add, each in its own round",
+	OpenWhileRestarting:           "on start every pinned endpoint is re-attached from scratch without policy, until the first complete round",
 }
 
 // Set is a set of enabled faults.
