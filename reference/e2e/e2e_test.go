@@ -273,6 +273,9 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		}, SpecTimeout(2*time.Minute))
 	})
 
+	// Policy across transitions: agent restarts, new pods, policy updates.
+	describePolicyTransitions(func() policyWorld { return policyWorld{w, topo, nodeA, direct[0].from} })
+
 	// The take-over from the real kube-proxy: the agent removes kube-proxy's rules as
 	// kube-proxy wrote them, and only those. What the switch does to traffic is the
 	// ModeSwitch profile's (conformance); here, services keep working after it.
