@@ -84,7 +84,7 @@ func stubDriver(dir string, ready bool) string {
 	path := filepath.Join(dir, fmt.Sprintf("stub-driver-ready-%v", ready))
 	script := `#!/bin/sh
 case "$1" in
-info) echo '{"name":"stub","version":"0","profiles":["Core","ModeSwitch","Policy"],"features":["ClusterIP","NodePort","NodePortRemoteBackend","TCP","UDP","NetworkPolicy"]}' ;;
+info) echo '{"name":"stub","version":"0","profiles":["Core","ModeSwitch","Policy","Observability"],"features":["ClusterIP","NodePort","NodePortRemoteBackend","TCP","UDP","NetworkPolicy","PolicyVerdicts"]}' ;;
 status) echo '{"running":true,"ready":` + fmt.Sprint(ready) + `}' ;;
 collect) echo '{"files":[]}' ;;
 *) echo '{}' ;;
@@ -109,11 +109,17 @@ var _ = Describe("the catalogue", func() {
 var _ = Describe("a stub implementation", func() {
 	for _, s := range conformance.Specs() {
 		// It fails the Core specs on a precondition (nothing is programmed), the
-		// ModeSwitch specs because kube-proxy's rules are never taken over, and the
-		// Policy specs because what a policy denies is delivered.
+		// ModeSwitch specs because kube-proxy's rules are never taken over, the Policy
+		// and Observability specs on a precondition (what their policies refuse is
+		// reached), and the truth table, whose precondition is that everything is
+		// reached, at its first case that refuses anything.
 		want := map[conformance.Profile]conformance.FailureKind{
-			conformance.Core: matchers.KindPrecondition, conformance.ModeSwitch: conformance.KindRulesLeft, conformance.Policy: matchers.KindDelivered,
+			conformance.Core: matchers.KindPrecondition, conformance.ModeSwitch: conformance.KindRulesLeft,
+			conformance.Policy: matchers.KindPrecondition, conformance.Observability: matchers.KindPrecondition,
 		}[s.Profile]
+		if s.ID == "POLICY-TRUTH-TABLE" {
+			want = matchers.KindDelivered
+		}
 		It("that does nothing fails "+s.ID+" ("+string(want)+")", func(ctx SpecContext) {
 			b := conformance.DefaultBudgets
 			b.Programmed = 3 * time.Second // it will never be programmed: do not wait 10 s for that

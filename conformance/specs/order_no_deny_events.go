@@ -1,0 +1,55 @@
+package specs
+
+import (
+	"context"
+
+	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/topologies"
+)
+
+func init() {
+	conformance.Register(conformance.Spec{
+		ID:       "ORDER-NO-DENY-EVENTS",
+		Profile:  conformance.Observability,
+		Features: []conformance.Feature{conformance.FeatureNetworkPolicy, conformance.FeaturePolicyVerdicts, conformance.FeatureUDP},
+		Description: "A new pod whose label a same-node server's ingress policy admits is never reported denied on its way " +
+			"to that server, not even for its first packets (the flow logs of ORDER-NEW-ENDPOINT's transition).",
+		Catches: []conformance.FaultCase{{Fault: "attach-before-ipsets", Kinds: []conformance.FailureKind{matchers.KindVerdict}}},
+		Body:    noDenyEvents,
+	})
+}
+
+func noDenyEvents(ctx context.Context, e *conformance.Env) error {
+	o, err := deployOrder(ctx, e)
+	if err != nil {
+		return err
+	}
+	r, err := e.Topo.AddPod(ctx, topologies.PodSpec{Name: "restricted", Namespace: orderNamespace, Node: o.node.Name(),
+		Labels: map[string]string{roleLabel: restricted}})
+	if err != nil {
+		return err
+	}
+	if err := waitCells(ctx, e, cell{o.friend, o.s, "udp", true}, cell{r, o.x, "udp", false}); err != nil {
+		return err
+	}
+	return e.Run(ctx, conformance.Scenario{
+		Verdicts: true,
+		Traffic: []conformance.Traffic{
+			{From: o.friend, Probe: udpTo("friend", o.s, o.d)},
+			// Denied by its egress policy, to another server than S: it proves the flow
+			// log, and no verdict of it is on a flow to S.
+			{From: r, Probe: udpTo("restricted", o.x)},
+		},
+		Preconditions: []conformance.Check{
+			{Name: "a friend reaches S", Matcher: matchers.DeliverToOnceDeliveredTo("s", "d", matchers.Probes("friend"))},
+			{Name: "a denied flow is reported denied", Matcher: matchers.HaveVerdicts("deny", matchers.Between(r.IP().String(), o.x.IP().String()))},
+		},
+		Transition: newcomer(e, o, "newcomer", map[string]string{roleLabel: friend}, udpTo("newcomer", o.s, o.d)),
+		Checks: []conformance.Check{
+			{Name: "no flow to S is reported denied", Matcher: matchers.HaveNoVerdicts("deny", matchers.Between("", o.s.IP().String()))},
+			// Else "no deny" could be that of a pod that never went live.
+			{Name: "the new friend goes live: it reaches S", Matcher: matchers.DeliverToOnceDeliveredTo("s", "d", matchers.Probes("newcomer"))},
+		},
+	})
+}
