@@ -70,6 +70,10 @@ type Budgets struct {
 	// within PolicyProgrammed.
 	PolicyProgrammed time.Duration `budget:"policy-programmed"`
 	ReachTimeout     time.Duration `budget:"reach-timeout"`
+	// OrderInterval is the period of the ordering specs' probes (a new pod's
+	// datagrams, a client's new connections while its policy is replaced): their
+	// windows can be a few milliseconds, and a finer probe catches a shorter one.
+	OrderInterval time.Duration `budget:"order-interval"`
 }
 
 // DefaultBudgets are the budgets of the spec catalogue (docs/specs.md).
@@ -94,6 +98,7 @@ var DefaultBudgets = Budgets{
 	ControlMaxBlind:  time.Second,
 	PolicyProgrammed: 5 * time.Second,
 	ReachTimeout:     300 * time.Millisecond,
+	OrderInterval:    250 * time.Microsecond,
 }
 
 // Set overrides one budget by its name ("stream-max-gap=300ms", "warm-streak=50").

@@ -49,7 +49,7 @@ func init() {
 		Features: policy,
 		Description: "A new pod whose label a same-node server's ingress policy admits is never live before that policy " +
 			"knows it: from its first packet it sends to the server and to a control server with no policy, interleaved " +
-			"every millisecond, and once one datagram to the control server is delivered, every later one to the server is.",
+			"every 250 µs, and once one datagram to the control server is delivered, every later one to the server is.",
 		Catches: []conformance.FaultCase{{Fault: "attach-before-ipsets", Kinds: []conformance.FailureKind{matchers.KindLost}}},
 		Body:    newEndpoint,
 	})
@@ -67,7 +67,7 @@ func init() {
 		Profile:  conformance.Policy,
 		Features: []conformance.Feature{conformance.FeatureNetworkPolicy, conformance.FeatureTCP},
 		Description: "When the policy that admits a client is replaced in place by one that admits a superset, the client's " +
-			"streams see no reset and no gap over budget, and its new connections, one every 2 ms, all succeed.",
+			"streams see no reset and no gap over budget, and its new connections, one every 250 µs, all succeed.",
 		Catches: []conformance.FaultCase{{Fault: "delete-then-add-policy",
 			Kinds: []conformance.FailureKind{matchers.KindTimeout, matchers.KindReset, matchers.KindUnreachable, matchers.KindGap}}},
 		Body: policyReplace,
@@ -143,6 +143,14 @@ func orderPolicies(extraRoles []string) []*networkingv1.NetworkPolicy {
 
 func ptr[T any](v T) *T { return &v }
 
+// orderConnect is a connect probe at the ordering specs' interval: delete-then-add
+// style windows last a round of the agent, a millisecond or two.
+func orderConnect(e *conformance.Env, name, target string) probe.Connect {
+	c := e.Connect(name, target)
+	c.Interval = e.Budgets.OrderInterval
+	return c
+}
+
 // cell is one flow whose verdict a spec needs before its transition.
 type cell struct {
 	from  topologies.Pod
@@ -196,10 +204,10 @@ func waitCells(ctx context.Context, e *conformance.Env, cells ...cell) error {
 	}
 }
 
-// udpTo is a UDP probe from name to the given servers, interleaved at the datagram
-// interval of the ordering specs (1 ms), on one socket.
-func udpTo(name string, to ...topologies.Pod) probe.UDP {
-	u := probe.UDP{Name: name, Interval: probe.DefaultUDPEvery}
+// udpTo is a UDP probe from name to the given servers, interleaved at the ordering
+// specs' interval (order-interval), on one socket.
+func udpTo(e *conformance.Env, name string, to ...topologies.Pod) probe.UDP {
+	u := probe.UDP{Name: name, Interval: e.Budgets.OrderInterval}
 	for _, p := range to {
 		u.To = append(u.To, probe.Destination{Label: p.Name(), Addr: addr(p.IP())})
 	}
@@ -231,14 +239,14 @@ func newEndpoint(ctx context.Context, e *conformance.Env) error {
 	}
 	return e.Run(ctx, conformance.Scenario{
 		Traffic: []conformance.Traffic{
-			{From: o.friend, Probe: udpTo("friend", o.s, o.d)},
-			{From: o.str, Probe: udpTo("stranger", o.s, o.d)},
+			{From: o.friend, Probe: udpTo(e, "friend", o.s, o.d)},
+			{From: o.str, Probe: udpTo(e, "stranger", o.s, o.d)},
 		},
 		Preconditions: []conformance.Check{
 			{Name: "an existing friend reaches S", Matcher: matchers.DeliverToOnceDeliveredTo("s", "d", matchers.Probes("friend"))},
 			{Name: "a stranger does not reach S", Matcher: matchers.HaveZeroDelivered(matchers.Probes("stranger"), matchers.To("s"))},
 		},
-		Transition: newcomer(e, o, "newcomer", map[string]string{roleLabel: friend}, udpTo("newcomer", o.s, o.d)),
+		Transition: newcomer(e, o, "newcomer", map[string]string{roleLabel: friend}, udpTo(e, "newcomer", o.s, o.d)),
 		Checks: []conformance.Check{
 			{Name: "the new friend reaches S from its first datagram that reaches D",
 				Matcher: matchers.DeliverToOnceDeliveredTo("s", "d", matchers.Probes("newcomer"))},
@@ -261,12 +269,12 @@ func newEndpointEgress(ctx context.Context, e *conformance.Env) error {
 		return err
 	}
 	return e.Run(ctx, conformance.Scenario{
-		Traffic: []conformance.Traffic{{From: old, Probe: udpTo("restricted", o.x, o.d)}},
+		Traffic: []conformance.Traffic{{From: old, Probe: udpTo(e, "restricted", o.x, o.d)}},
 		Preconditions: []conformance.Check{
 			{Name: "an existing restricted pod reaches D", Matcher: matchers.DeliverToOnceDeliveredTo("d", "d", matchers.Probes("restricted"))},
 			{Name: "an existing restricted pod does not reach X", Matcher: matchers.HaveZeroDelivered(matchers.Probes("restricted"), matchers.To("x"))},
 		},
-		Transition: newcomer(e, o, "newcomer", map[string]string{roleLabel: restricted}, udpTo("newcomer", o.x, o.d)),
+		Transition: newcomer(e, o, "newcomer", map[string]string{roleLabel: restricted}, udpTo(e, "newcomer", o.x, o.d)),
 		Checks: []conformance.Check{
 			{Name: "the new restricted pod never reaches X", Matcher: matchers.HaveZeroDelivered(matchers.Probes("newcomer"), matchers.To("x"))},
 			// Else the zero above could be that of a pod that never went live.
@@ -288,7 +296,7 @@ func policyReplace(ctx context.Context, e *conformance.Env) error {
 	return e.Run(ctx, conformance.Scenario{
 		Traffic: []conformance.Traffic{
 			{From: o.friend, Probe: e.Stream("friend-streams", s, 2)},
-			{From: o.friend, Probe: e.Connect("friend-connect", s)},
+			{From: o.friend, Probe: orderConnect(e, "friend-connect", s)},
 			{From: o.str, Probe: e.Connect("stranger-connect", s)},
 		},
 		Preconditions: []conformance.Check{

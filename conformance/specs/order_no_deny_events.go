@@ -36,16 +36,16 @@ func noDenyEvents(ctx context.Context, e *conformance.Env) error {
 	return e.Run(ctx, conformance.Scenario{
 		Verdicts: true,
 		Traffic: []conformance.Traffic{
-			{From: o.friend, Probe: udpTo("friend", o.s, o.d)},
+			{From: o.friend, Probe: udpTo(e, "friend", o.s, o.d)},
 			// Denied by its egress policy, to another server than S: it proves the flow
 			// log, and no verdict of it is on a flow to S.
-			{From: r, Probe: udpTo("restricted", o.x)},
+			{From: r, Probe: udpTo(e, "restricted", o.x)},
 		},
 		Preconditions: []conformance.Check{
 			{Name: "a friend reaches S", Matcher: matchers.DeliverToOnceDeliveredTo("s", "d", matchers.Probes("friend"))},
 			{Name: "a denied flow is reported denied", Matcher: matchers.HaveVerdicts("deny", matchers.Between(r.IP().String(), o.x.IP().String()))},
 		},
-		Transition: newcomer(e, o, "newcomer", map[string]string{roleLabel: friend}, udpTo("newcomer", o.s, o.d)),
+		Transition: newcomer(e, o, "newcomer", map[string]string{roleLabel: friend}, udpTo(e, "newcomer", o.s, o.d)),
 		Checks: []conformance.Check{
 			{Name: "no flow to S is reported denied", Matcher: matchers.HaveNoVerdicts("deny", matchers.Between("", o.s.IP().String()))},
 			// Else "no deny" could be that of a pod that never went live.

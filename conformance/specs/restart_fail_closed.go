@@ -37,7 +37,7 @@ func restartFailClosed(ctx context.Context, e *conformance.Env) error {
 		Traffic: []conformance.Traffic{
 			{From: o.str, Probe: e.Connect("stranger-connect", s)},
 			{From: o.str, Probe: strangerUDP},
-			{From: o.friend, Probe: udpTo("friend", o.s, o.d)},
+			{From: o.friend, Probe: udpTo(e, "friend", o.s, o.d)},
 		},
 		Preconditions: []conformance.Check{
 			{Name: "a friend reaches S", Matcher: matchers.DeliverToOnceDeliveredTo("s", "d", matchers.Probes("friend"))},
