@@ -115,7 +115,7 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 			return err
 		}
 	}
-	steady, err := e.steadyState(ctx, from)
+	steady, err := e.steadyState(ctx, from, sc.Verdicts)
 	if err != nil {
 		return err
 	}
@@ -169,7 +169,7 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 }
 
 // steadyState lets traffic run for the SteadyState budget and returns its window.
-func (e *Env) steadyState(ctx context.Context, from monotime.Time) (timeline.Window, error) {
+func (e *Env) steadyState(ctx context.Context, from monotime.Time, verdicts bool) (timeline.Window, error) {
 	start := monotime.Now()
 	if err := sleep(ctx, e.Budgets.SteadyState); err != nil {
 		return timeline.Window{}, err
@@ -179,6 +179,13 @@ func (e *Env) steadyState(ctx context.Context, from monotime.Time) (timeline.Win
 	// every probe's report through the window's end.
 	if err := e.waitReported(ctx, end); err != nil {
 		return timeline.Window{}, err
+	}
+	if verdicts {
+		wctx, cancel := context.WithTimeout(ctx, e.Budgets.AttemptTimeout+time.Second)
+		defer cancel()
+		if err := e.World.WaitVerdicts(wctx, end); err != nil {
+			return timeline.Window{}, fmt.Errorf("%w: %w", ErrEnvironment, err)
+		}
 	}
 	return e.World.Window(from, start, end), nil
 }

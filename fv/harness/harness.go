@@ -438,6 +438,28 @@ func (w *World) WaitReported(ctx context.Context, t monotime.Time, grace time.Du
 
 // StopProbes stops every client probe gracefully (they flush their last events) and
 // waits; the probes are retired (see Window).
+// WaitVerdicts waits until every node's policy verdicts (PollVerdicts) have been
+// reported through t. ctx bounds the wait.
+func (w *World) WaitVerdicts(ctx context.Context, t monotime.Time) error {
+	for {
+		var short []string
+		marks := w.Timeline.VerdictsReported()
+		for _, n := range w.Topo.Nodes() {
+			if marks[n.Name()] < t {
+				short = append(short, n.Name())
+			}
+		}
+		if len(short) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("the policy verdicts of %s were not reported up to %v: %w", strings.Join(short, ", "), t, ctx.Err())
+		case <-time.After(VerdictPoll / 5):
+		}
+	}
+}
+
 func (w *World) StopProbes(ctx context.Context) error {
 	w.mu.Lock()
 	ps := w.probes

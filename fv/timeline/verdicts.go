@@ -42,6 +42,15 @@ func (tl *Timeline) AddVerdicts(node string, through monotime.Time, vs []Verdict
 	tl.verdictMarks[node] = max(tl.verdictMarks[node], through)
 }
 
+// VerdictsReported returns, per node whose verdicts are polled, the time up to which
+// they have all been reported.
+func (tl *Timeline) VerdictsReported() map[string]monotime.Time {
+	tl.mu.Lock()
+	defer tl.mu.Unlock()
+	_, marks := tl.snapshotVerdicts()
+	return marks
+}
+
 // snapshotVerdicts copies the verdicts, sorted, and the watermarks; tl.mu is held.
 func (tl *Timeline) snapshotVerdicts() ([]Verdict, map[string]monotime.Time) {
 	vs := append([]Verdict(nil), tl.verdicts...)
