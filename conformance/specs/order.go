@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -66,8 +67,8 @@ func init() {
 		ID:       "ORDER-POLICY-REPLACE",
 		Profile:  conformance.Policy,
 		Features: []conformance.Feature{conformance.FeatureNetworkPolicy, conformance.FeatureTCP},
-		Description: "When the policy that admits a client is replaced in place by one that admits a superset, the client's " +
-			"streams see no reset and no gap over budget, and its new connections, one every 250 µs, all succeed.",
+		Description: "When the policy that admits a client is replaced in place by one that admits a superset, five times " +
+			"over, the client's streams see no reset and no gap over budget, and its new connections, one every 250 µs, all succeed.",
 		Catches: []conformance.FaultCase{{Fault: "delete-then-add-policy",
 			Kinds: []conformance.FailureKind{matchers.KindTimeout, matchers.KindReset, matchers.KindUnreachable, matchers.KindGap}}},
 		Body: policyReplace,
@@ -142,6 +143,23 @@ func orderPolicies(extraRoles []string) []*networkingv1.NetworkPolicy {
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// ORDER-POLICY-REPLACE replaces its policy this many times, this far apart.
+const (
+	replacements = 5
+	replaceEvery = 200 * time.Millisecond
+)
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // orderConnect is a connect probe at the ordering specs' interval: delete-then-add
 // style windows last a round of the agent, a millisecond or two.
@@ -292,7 +310,19 @@ func policyReplace(ctx context.Context, e *conformance.Env) error {
 		return err
 	}
 	s := addr(o.s.IP())
-	superset := orderPolicies([]string{"guest"})[1]
+	// Five replacements, each admitting one more role: a replacement's window can be
+	// shorter than the probe's period, and each is another chance to fall in it.
+	var replace []conformance.Step
+	roles := []string{}
+	for i := range replacements {
+		roles = append(roles, fmt.Sprintf("guest-%d", i+1))
+		if i > 0 {
+			replace = append(replace, conformance.Do("wait between replacements", func(ctx context.Context, _ *conformance.Env) error {
+				return sleepCtx(ctx, replaceEvery)
+			}))
+		}
+		replace = append(replace, conformance.Apply(orderPolicies(slices.Clone(roles))[1]))
+	}
 	return e.Run(ctx, conformance.Scenario{
 		Traffic: []conformance.Traffic{
 			{From: o.friend, Probe: e.Stream("friend-streams", s, 2)},
@@ -304,7 +334,7 @@ func policyReplace(ctx context.Context, e *conformance.Env) error {
 			{Name: "the friend's new connections succeed", Matcher: matchers.HaveNoFailedAttempts(matchers.Probes("friend-connect"))},
 			{Name: "the stranger's do not", Matcher: matchers.HaveZeroDelivered(matchers.Probes("stranger-connect"))},
 		},
-		Transition: []conformance.Step{conformance.Apply(superset)},
+		Transition: replace,
 		Checks: []conformance.Check{
 			{Name: "no reset on the friend's streams", Matcher: matchers.HaveNoResets(matchers.Probes("friend-streams"))},
 			{Name: "no gap over budget on the friend's streams", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, matchers.Probes("friend-streams"))},
