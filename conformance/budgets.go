@@ -97,7 +97,7 @@ var DefaultBudgets = Budgets{
 	ControlInterval:  10 * time.Millisecond,
 	ControlMaxBlind:  time.Second,
 	PolicyProgrammed: 5 * time.Second,
-	ReachTimeout:     300 * time.Millisecond,
+	ReachTimeout:     200 * time.Millisecond,
 	OrderInterval:    250 * time.Microsecond,
 }
 

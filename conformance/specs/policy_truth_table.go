@@ -41,6 +41,11 @@ func init() {
 	})
 }
 
+// truthUDPTries is how many datagrams, each from a new socket, a UDP cell gets in one
+// round: a denied cell costs them all, and a lost datagram of an allowed one is
+// probed again in the next round anyway.
+const truthUDPTries = 2
+
 // truthPorts are the ports every cell is probed on.
 var truthPorts = []netpolmodel.Port{
 	{Port: 80, Protocol: corev1.ProtocolTCP}, {Port: 81, Protocol: corev1.ProtocolTCP},
@@ -261,7 +266,7 @@ func (t *table) observe(ctx context.Context, e *conformance.Env) (*netpolmodel.M
 		go func() {
 			defer wg.Done()
 			evs, err := e.World.Reach(ctx, src.Pod, probe.Reach{Name: fmt.Sprintf("reach-%s-%s-%d", src.Namespace, src.Name, round),
-				Targets: targets, Timeout: e.Budgets.ReachTimeout})
+				Targets: targets, Timeout: e.Budgets.ReachTimeout, Tries: truthUDPTries})
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
