@@ -26,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dpconform/dpconform/internal/innetns"
 	"github.com/dpconform/dpconform/internal/proc"
 
 	"github.com/dpconform/dpconform/topologies"
@@ -190,7 +191,7 @@ func (f *Fixture) Start(ctx context.Context) (int, error) {
 	// Its own session: kube-proxy outlives the call that started it and its signals.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	fmt.Fprintf(log, "---- kube-proxy fixture: start %s in %s: %s\n", time.Now().Format(time.RFC3339Nano), f.NetNS, strings.Join(cmd.Args, " "))
-	if err := inNetNS(f.NetNS, cmd.Start); err != nil {
+	if err := innetns.Do(f.NetNS, cmd.Start); err != nil {
 		return 0, fmt.Errorf("start kube-proxy in %s: %w", f.NetNS, err)
 	}
 	pid := cmd.Process.Pid
@@ -326,7 +327,7 @@ func (f *Fixture) Cleanup(ctx context.Context) error {
 		return err
 	}
 	var out []byte
-	err = inNetNS(f.NetNS, func() error {
+	err = innetns.Do(f.NetNS, func() error {
 		cmd := exec.CommandContext(ctx, f.Binary, "--cleanup", "--v=2")
 		cmd.Env = env
 		out, err = cmd.CombinedOutput()

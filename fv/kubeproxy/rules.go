@@ -12,6 +12,8 @@ import (
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
+
+	"github.com/dpconform/dpconform/internal/innetns"
 )
 
 // kubeletFirewallChain is the one chain kube-proxy's iptables mode creates (a
@@ -30,23 +32,11 @@ var iptablesFamilies = []string{"iptables", "ip6tables"}
 // run runs name with args inside the node's network namespace and returns its combined
 // output. A missing tool is reported as exec.ErrNotFound.
 func (f *Fixture) run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
-	if _, err := exec.LookPath(name); err != nil {
-		return nil, err
+	out, err := innetns.Output(ctx, f.NetNS, stdin, name, args...)
+	if notRun := (*exec.Error)(nil); err != nil && !errors.As(err, &notRun) {
+		err = fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), f.NetNS, err, lastLines(out, 5))
 	}
-	var out []byte
-	err := inNetNS(f.NetNS, func() error {
-		cmd := exec.CommandContext(ctx, name, args...)
-		if stdin != nil {
-			cmd.Stdin = bytes.NewReader(stdin)
-		}
-		var err error
-		out, err = cmd.CombinedOutput()
-		return err
-	})
-	if err != nil {
-		return out, fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), f.NetNS, err, lastLines(out, 5))
-	}
-	return out, nil
+	return out, err
 }
 
 // Rules lists what of kube-proxy's is programmed in the node: every KUBE-* chain of
@@ -170,7 +160,7 @@ func (f *Fixture) Diagnostics(ctx context.Context, dir string) ([]string, error)
 	save("status.txt", fmt.Appendf(nil, "pid=%d healthz=%v synced=%v pending=%v ready=%v\n%s\n",
 		st.PID, st.Healthz, st.Synced, st.Pending, st.Ready(), st.Detail))
 	if cfg, err := f.Config.withDefaults(); err == nil && st.PID != 0 {
-		if _, body, err := httpGet(ctx, f.NetNS, cfg.MetricsAddress, "/metrics"); err == nil {
+		if _, body, err := innetns.HTTPGet(ctx, f.NetNS, cfg.MetricsAddress, "/metrics"); err == nil {
 			save("metrics.txt", body)
 		}
 	}
@@ -205,7 +195,7 @@ const (
 
 // nfacct sends one nfnetlink_acct request about the counter name in the node.
 func (f *Fixture) nfacct(msg int, name string) error {
-	return inNetNS(f.NetNS, func() error {
+	return innetns.Do(f.NetNS, func() error {
 		req := nl.NewNetlinkRequest(unix.NFNL_SUBSYS_ACCT<<8|msg, unix.NLM_F_ACK)
 		req.AddData(&nl.Nfgenmsg{NfgenFamily: unix.AF_UNSPEC, Version: nl.NFNETLINK_V0})
 		req.AddData(nl.NewRtAttr(nfacctName, nl.ZeroTerminated(name)))

@@ -4,15 +4,13 @@ import (
 	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/dpconform/dpconform/internal/innetns"
 )
 
 // Status is what kube-proxy says about itself.
@@ -68,7 +66,7 @@ func (f *Fixture) Status(ctx context.Context) Status {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	code, body, err := httpGet(ctx, f.NetNS, cfg.HealthzAddress, "/healthz")
+	code, body, err := innetns.HTTPGet(ctx, f.NetNS, cfg.HealthzAddress, "/healthz")
 	switch {
 	case err != nil:
 		st.Detail = "healthz: " + err.Error()
@@ -78,7 +76,7 @@ func (f *Fixture) Status(ctx context.Context) Status {
 		return st
 	}
 	st.Healthz = true
-	code, body, err = httpGet(ctx, f.NetNS, cfg.MetricsAddress, "/metrics")
+	code, body, err = innetns.HTTPGet(ctx, f.NetNS, cfg.MetricsAddress, "/metrics")
 	switch {
 	case err != nil:
 		st.Detail = "metrics: " + err.Error()
@@ -152,46 +150,4 @@ func sortedKeys(m map[string]float64) []string {
 	}
 	slices.Sort(keys)
 	return keys
-}
-
-// inNetNS runs fn on a thread in the network namespace at path.
-func inNetNS(path string, fn func() error) error {
-	return ns.WithNetNSPath(path, func(ns.NetNS) error { return fn() })
-}
-
-// httpGet fetches http://addr/path from inside the network namespace at netnsPath.
-// The socket is made on a thread in that namespace; an http.Client would dial from
-// goroutines of its own, on threads in this process's namespace.
-func httpGet(ctx context.Context, netnsPath, addr, path string) (int, []byte, error) {
-	var conn net.Conn
-	err := inNetNS(netnsPath, func() error {
-		var err error
-		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", addr)
-		return err
-	})
-	if err != nil {
-		return 0, nil, err
-	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+path, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	req.Close = true
-	if err := req.Write(conn); err != nil {
-		return 0, nil, fmt.Errorf("GET %s: %w", path, err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("GET %s: %w", path, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return resp.StatusCode, nil, fmt.Errorf("GET %s: read body: %w", path, err)
-	}
-	return resp.StatusCode, body, nil
 }

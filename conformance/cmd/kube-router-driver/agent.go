@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,8 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containernetworking/plugins/pkg/ns"
-
+	"github.com/dpconform/dpconform/internal/innetns"
 	"github.com/dpconform/dpconform/internal/proc"
 )
 
@@ -112,7 +110,7 @@ func (a *agent) Start(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("kube-router log: %w", err)
 	}
-	if err := inNetNS(a.NetNS, cmd.Start); err != nil {
+	if err := innetns.Do(a.NetNS, cmd.Start); err != nil {
 		return 0, fmt.Errorf("start kube-router in %s: %w", a.NetNS, err)
 	}
 	pid := cmd.Process.Pid
@@ -190,7 +188,7 @@ func (a *agent) Status(ctx context.Context) Status {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	code, err := healthz(ctx, a.NetNS)
+	code, _, err := innetns.HTTPGet(ctx, a.NetNS, healthAddr, "/healthz")
 	switch {
 	case err != nil:
 		st.Detail = "healthz: " + err.Error()
@@ -235,39 +233,6 @@ func syncedSince(logPath string, offset int64) (bool, string) {
 		return false, "no full sync started yet (waiting for the Node object and informers)"
 	}
 	return false, fmt.Sprintf("%d full sync(s) started, none completed", syncs)
-}
-
-// healthz asks kube-router's health server from inside the node's namespace. The
-// socket is made on a thread in that namespace; an http.Client would dial from
-// goroutines of its own, on threads in this process's namespace.
-func healthz(ctx context.Context, netnsPath string) (int, error) {
-	var conn net.Conn
-	err := inNetNS(netnsPath, func() error {
-		var err error
-		conn, err = (&net.Dialer{}).DialContext(ctx, "tcp", healthAddr)
-		return err
-	})
-	if err != nil {
-		return 0, err
-	}
-	defer conn.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = conn.SetDeadline(dl)
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+healthAddr+"/healthz", nil)
-	if err != nil {
-		return 0, err
-	}
-	req.Close = true
-	if err := req.Write(conn); err != nil {
-		return 0, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), req)
-	if err != nil {
-		return 0, err
-	}
-	resp.Body.Close()
-	return resp.StatusCode, nil
 }
 
 // Stop stops kube-router gracefully (SIGTERM) and returns once it has exited. It
@@ -493,26 +458,9 @@ func (a *agent) Diagnostics(ctx context.Context, dir string) ([]string, error) {
 
 // run runs name with args inside the node's network namespace and returns its output.
 func (a *agent) run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
-	if _, err := exec.LookPath(name); err != nil {
-		return nil, err
+	out, err := innetns.Output(ctx, a.NetNS, stdin, name, args...)
+	if notRun := (*exec.Error)(nil); err != nil && !errors.As(err, &notRun) {
+		err = fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), a.NetNS, err, strings.TrimSpace(string(out)))
 	}
-	var out []byte
-	err := inNetNS(a.NetNS, func() error {
-		cmd := exec.CommandContext(ctx, name, args...)
-		if stdin != nil {
-			cmd.Stdin = bytes.NewReader(stdin)
-		}
-		var err error
-		out, err = cmd.CombinedOutput()
-		return err
-	})
-	if err != nil {
-		return out, fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), a.NetNS, err, strings.TrimSpace(string(out)))
-	}
-	return out, nil
-}
-
-// inNetNS runs fn on a thread in the network namespace at path.
-func inNetNS(path string, fn func() error) error {
-	return ns.WithNetNSPath(path, func(ns.NetNS) error { return fn() })
+	return out, err
 }
