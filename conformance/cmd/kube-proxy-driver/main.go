@@ -33,71 +33,25 @@ const EnvMode = "DPC_KUBE_PROXY_MODE"
 // features are what kube-proxy implements of the Core profile.
 var features = []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP"}
 
-// Budgets of the verbs, inside the contract's timeouts (fv/driver.DefaultTimeouts).
-const (
-	stopWait    = 30 * time.Second
-	killWait    = 5 * time.Second
-	statusWait  = 3 * time.Second
-	collectWait = 45 * time.Second
-	cleanupWait = 45 * time.Second
-)
+// budgets are the verbs' deadlines, inside the contract's timeouts
+// (fv/driver.DefaultTimeouts).
+var budgets = driver.Timeouts{
+	Start:   20 * time.Second,
+	Status:  3 * time.Second,
+	Stop:    30 * time.Second,
+	Kill:    5 * time.Second,
+	Collect: 45 * time.Second,
+	Cleanup: 45 * time.Second,
+}
 
 func main() {
-	skel.Main("kube-proxy-driver", skel.Funcs{
-		Info:  info,
-		Start: start,
-		Status: func(ctx context.Context, n skel.Node) (driver.Status, error) {
-			f, err := fixture(n, "")
-			if err != nil {
-				return driver.Status{}, err
-			}
-			ctx, cancel := context.WithTimeout(ctx, statusWait)
-			defer cancel()
-			st := f.Status(ctx)
-			return driver.Status{Running: st.Running(), Ready: st.Ready()}, nil
-		},
-		Stop: func(ctx context.Context, n skel.Node) error {
-			f, err := fixture(n, "")
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(ctx, stopWait)
-			defer cancel()
-			if err := f.Stop(ctx); err != nil {
-				return skel.Fail("agent did not exit", "%w", err)
-			}
-			return nil
-		},
-		Kill: func(ctx context.Context, n skel.Node) error {
-			f, err := fixture(n, "")
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(ctx, killWait)
-			defer cancel()
-			if err := f.Kill(ctx); err != nil {
-				return skel.Fail("agent did not exit", "%w", err)
-			}
-			return nil
-		},
-		// No Events: kube-proxy reports no policy verdicts (it implements Services
-		// only and does not claim the Observability profile).
-		Collect: collect,
-		Cleanup: func(ctx context.Context, n skel.Node) error {
-			f, err := fixture(n, "")
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(ctx, cleanupWait)
-			defer cancel()
-			if err := f.Cleanup(ctx); err != nil {
-				return skel.Fail("cleanup failed", "%w", err)
-			}
-			return nil
-		},
-		RequireNetNS: true,
-		CheckNode:    checkTopology,
-	})
+	funcs := skel.AgentFuncs(agentFor, budgets)
+	funcs.Info = info
+	// No Events: kube-proxy reports no policy verdicts (it implements Services only
+	// and does not claim the Observability profile).
+	funcs.RequireNetNS = true
+	funcs.CheckNode = checkTopology
+	skel.Main("kube-proxy-driver", funcs)
 }
 
 func info(context.Context) (driver.Info, error) {
@@ -140,14 +94,8 @@ func kubeProxyVersion() string {
 	return controlplane.KubernetesVersion
 }
 
-// checkTopology refuses a kind topology before skel asks for the DPC_NETNS that kind
-// never sets: the reason to give is the topology, not the variable.
-func checkTopology(n skel.Node) error {
-	if n.Topology != "" && n.Topology != "netns" {
-		return skel.Fail("unsupported topology", "DPC_TOPOLOGY=%s: this driver runs kube-proxy inside a node's network namespace (DPC_TOPOLOGY=netns); on kind, use the cluster's own kube-proxy DaemonSet", n.Topology)
-	}
-	return nil
-}
+// checkTopology refuses a kind topology: there, kube-proxy is the cluster's own.
+var checkTopology = skel.NetNSOnly("kube-proxy", "use the cluster's own kube-proxy DaemonSet")
 
 // fixture builds the kube-proxy fixture for the node of this call; skel has checked
 // the contract's environment.
@@ -169,43 +117,43 @@ func fixture(n skel.Node, mode kubeproxy.Mode) (*kubeproxy.Fixture, error) {
 	}, nil
 }
 
-// start starts kube-proxy in opts.Mode (skel checked it is one info offers), else in
-// the mode of $DPC_KUBE_PROXY_MODE, else iptables.
-func start(ctx context.Context, n skel.Node, opts driver.StartOptions) (int, error) {
-	name, from := opts.Mode, "--mode"
-	if name == "" {
-		name, from = os.Getenv(EnvMode), EnvMode
-	}
-	mode, err := kubeproxy.ParseMode(name)
-	if err != nil {
-		return 0, skel.Fail("bad arguments", "%s: %w", from, err)
+// agentFor builds the kube-proxy fixture for the node of this call. A start starts
+// kube-proxy in start.Mode (skel checked it is one info offers), else in the mode of
+// $DPC_KUBE_PROXY_MODE, else iptables; the other verbs manage whichever mode runs.
+func agentFor(n skel.Node, start *driver.StartOptions) (skel.Agent, error) {
+	var mode kubeproxy.Mode
+	if start != nil {
+		name, from := start.Mode, "--mode"
+		if name == "" {
+			name, from = os.Getenv(EnvMode), EnvMode
+		}
+		var err error
+		if mode, err = kubeproxy.ParseMode(name); err != nil {
+			return nil, skel.Fail("bad arguments", "%s: %w", from, err)
+		}
 	}
 	f, err := fixture(n, mode)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-	defer cancel()
-	pid, err := f.Start(ctx)
+	return driverAgent{f}, nil
+}
+
+// driverAgent is the fixture as skel manages it: its status in the contract's terms,
+// and a start refused for another mode's kube-proxy as "already running".
+type driverAgent struct{ *kubeproxy.Fixture }
+
+// Start implements skel.Agent.
+func (a driverAgent) Start(ctx context.Context) (int, error) {
+	pid, err := a.Fixture.Start(ctx)
 	if errors.Is(err, kubeproxy.ErrRunning) {
 		return 0, skel.Fail("already running", "%w", err)
 	}
-	if err != nil {
-		return 0, skel.Fail("start failed", "%w", err)
-	}
-	return pid, nil
+	return pid, err
 }
 
-func collect(ctx context.Context, n skel.Node, dir string) ([]string, error) {
-	f, err := fixture(n, "")
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithTimeout(ctx, collectWait)
-	defer cancel()
-	files, err := f.Diagnostics(ctx, dir)
-	if err != nil && len(files) == 0 {
-		return nil, skel.Fail("collect failed", "%w", err)
-	}
-	return files, nil
+// Status implements skel.Agent.
+func (a driverAgent) Status(ctx context.Context) driver.Status {
+	st := a.Fixture.Status(ctx)
+	return driver.Status{Running: st.Running(), Ready: st.Ready()}
 }

@@ -39,97 +39,26 @@ const EnvBinary = "DPC_KUBE_ROUTER"
 // exercise; Services are not its business here (no service proxy).
 var features = []string{"NetworkPolicy", "TCP", "UDP"}
 
-// Budgets of the verbs, inside the contract's timeouts (fv/driver.DefaultTimeouts).
-const (
-	startWait   = 20 * time.Second
-	stopWait    = 30 * time.Second
-	killWait    = 5 * time.Second
-	statusWait  = 3 * time.Second
-	collectWait = 45 * time.Second
-	cleanupWait = 45 * time.Second
-)
+// budgets are the verbs' deadlines, inside the contract's timeouts
+// (fv/driver.DefaultTimeouts).
+var budgets = driver.Timeouts{
+	Start:   20 * time.Second,
+	Status:  3 * time.Second,
+	Stop:    30 * time.Second,
+	Kill:    5 * time.Second,
+	Collect: 45 * time.Second,
+	Cleanup: 45 * time.Second,
+}
 
 func main() {
-	skel.Main("kube-router-driver", skel.Funcs{
-		Info: info,
-		Start: func(ctx context.Context, n skel.Node, _ driver.StartOptions) (int, error) {
-			a, err := agentFor(n)
-			if err != nil {
-				return 0, err
-			}
-			ctx, cancel := context.WithTimeout(ctx, startWait)
-			defer cancel()
-			pid, err := a.Start(ctx)
-			if err != nil {
-				return 0, skel.Fail("start failed", "%w", err)
-			}
-			return pid, nil
-		},
-		Status: func(ctx context.Context, n skel.Node) (driver.Status, error) {
-			a, err := agentFor(n)
-			if err != nil {
-				return driver.Status{}, err
-			}
-			ctx, cancel := context.WithTimeout(ctx, statusWait)
-			defer cancel()
-			st := a.Status(ctx)
-			return driver.Status{Running: st.PID != 0, Ready: st.Ready()}, nil
-		},
-		Stop: func(ctx context.Context, n skel.Node) error {
-			a, err := agentFor(n)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(ctx, stopWait)
-			defer cancel()
-			if err := a.Stop(ctx); err != nil {
-				return skel.Fail("agent did not exit", "%w", err)
-			}
-			return nil
-		},
-		Kill: func(ctx context.Context, n skel.Node) error {
-			a, err := agentFor(n)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(ctx, killWait)
-			defer cancel()
-			if err := a.Kill(ctx); err != nil {
-				return skel.Fail("agent did not exit", "%w", err)
-			}
-			return nil
-		},
-		// No Events: kube-router logs its drops to NFLOG group 100 (rate-limited to
-		// 10 a minute per pod), which is no complete verdict stream; it does not
-		// claim the Observability profile.
-		Collect: func(ctx context.Context, n skel.Node, dir string) ([]string, error) {
-			a, err := agentFor(n)
-			if err != nil {
-				return nil, err
-			}
-			ctx, cancel := context.WithTimeout(ctx, collectWait)
-			defer cancel()
-			files, err := a.Diagnostics(ctx, dir)
-			if err != nil && len(files) == 0 {
-				return nil, skel.Fail("collect failed", "%w", err)
-			}
-			return files, nil
-		},
-		Cleanup: func(ctx context.Context, n skel.Node) error {
-			a, err := agentFor(n)
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(ctx, cleanupWait)
-			defer cancel()
-			if err := a.Cleanup(ctx); err != nil {
-				return skel.Fail("cleanup failed", "%w", err)
-			}
-			return nil
-		},
-		RequireNetNS: true,
-		CheckNode:    checkTopology,
-	})
+	funcs := skel.AgentFuncs(agentFor, budgets)
+	funcs.Info = info
+	// No Events: kube-router logs its drops to NFLOG group 100 (rate-limited to 10 a
+	// minute per pod), which is no complete verdict stream; it does not claim the
+	// Observability profile.
+	funcs.RequireNetNS = true
+	funcs.CheckNode = checkTopology
+	skel.Main("kube-router-driver", funcs)
 }
 
 func info(context.Context) (driver.Info, error) {
@@ -142,14 +71,9 @@ func info(context.Context) (driver.Info, error) {
 	}, nil
 }
 
-// checkTopology refuses a kind topology before skel asks for the DPC_NETNS that kind
-// never sets: the reason to give is the topology, not the variable.
-func checkTopology(n skel.Node) error {
-	if n.Topology != "" && n.Topology != "netns" {
-		return skel.Fail("unsupported topology", "DPC_TOPOLOGY=%s: this driver runs kube-router inside a node's network namespace (DPC_TOPOLOGY=netns); on kind, deploy kube-router's own DaemonSet", n.Topology)
-	}
-	return nil
-}
+// checkTopology refuses a kind topology: kube-router runs inside a node's network
+// namespace.
+var checkTopology = skel.NetNSOnly("kube-router", "deploy kube-router's own DaemonSet")
 
 // Binary is where the driver finds kube-router: DPC_KUBE_ROUTER, else the cache of
 // `make kube-router`.
@@ -161,8 +85,8 @@ func Binary() string {
 }
 
 // agentFor builds the agent for the node of this call; skel has checked the
-// contract's environment.
-func agentFor(n skel.Node) (*agent, error) {
+// contract's environment. kube-router takes no start options.
+func agentFor(n skel.Node, _ *driver.StartOptions) (skel.Agent, error) {
 	if _, err := os.Stat(n.Kubeconfig); err != nil {
 		return nil, skel.Fail("bad environment", "DPC_KUBECONFIG=%s: %w", n.Kubeconfig, err)
 	}
@@ -172,7 +96,16 @@ func agentFor(n skel.Node) (*agent, error) {
 	}
 	// kube-router inherits this environment, DPC_RUN included: the topology's cleanup
 	// finds a kube-router that outlived its run by it.
-	return &agent{Binary: bin, NetNS: n.NetNS, Dir: n.StateDir, Node: n.Name, Kubeconfig: n.Kubeconfig}, nil
+	return driverAgent{&agent{Binary: bin, NetNS: n.NetNS, Dir: n.StateDir, Node: n.Name, Kubeconfig: n.Kubeconfig}}, nil
+}
+
+// driverAgent is the agent as skel manages it: its status in the contract's terms.
+type driverAgent struct{ *agent }
+
+// Status implements skel.Agent.
+func (a driverAgent) Status(ctx context.Context) driver.Status {
+	st := a.agent.Status(ctx)
+	return driver.Status{Running: st.PID != 0, Ready: st.Ready()}
 }
 
 func executable(path string) error {
