@@ -235,6 +235,11 @@ func (p *Process) read(stdout io.Reader) {
 
 func (p *Process) deliver(e Event) {
 	e.Probe = p.name
+	// The observer gets the event before any waiter is woken by it: a WaitMark that
+	// returns finds the mark on the caller's timeline too.
+	if p.opts.OnEvent != nil {
+		p.opts.OnEvent(e)
+	}
 	p.mu.Lock()
 	p.events = append(p.events, e)
 	switch e.Kind {
@@ -254,9 +259,6 @@ func (p *Process) deliver(e Event) {
 		p.sawDone = true
 	}
 	p.mu.Unlock()
-	if p.opts.OnEvent != nil {
-		p.opts.OnEvent(e)
-	}
 }
 
 // Events returns a copy of every event received so far.
