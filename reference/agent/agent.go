@@ -259,11 +259,17 @@ func Run(ctx context.Context, cfg Config) error {
 	// are attached, or flows that predate the datapath would stall until the first
 	// round writes it. The gates keep open the workloads a previous run programmed:
 	// their programs and policy are still attached, and a restart must not cut them.
+	// On a node refdp never programmed, the pods predate it and ran unfiltered: the
+	// gates come with the first round, which attaches their programs first.
+	installed, err := iptables.Installed(ctx)
+	if err != nil {
+		return err
+	}
 	prev, err := iptables.Workloads(ctx)
 	if err != nil {
 		return err
 	}
-	if err := a.writeIPTables(ctx, existingLinks(prev)); err != nil {
+	if err := a.writeIPTables(ctx, existingLinks(prev), !installed); err != nil {
 		return err
 	}
 	if err := a.dp.AttachHost(a.hostIdx); err != nil {
@@ -795,20 +801,22 @@ func (a *Agent) syncIPTables(ctx context.Context, want map[int]endpoint) error {
 		}
 		names = append(names, l.Attrs().Name)
 	}
-	if err := a.writeIPTables(ctx, names); err != nil {
+	if err := a.writeIPTables(ctx, names, false); err != nil {
 		return err
 	}
 	a.iptablesFor = ifindexes
 	return nil
 }
 
-// writeIPTables writes refdp's chains for these workload interfaces.
-func (a *Agent) writeIPTables(ctx context.Context, workloads []string) error {
+// writeIPTables writes refdp's chains for these workload interfaces (ungated: see
+// iptables.Config.Ungated).
+func (a *Agent) writeIPTables(ctx context.Context, workloads []string, ungated bool) error {
 	cfg := iptables.Config{
 		Marks:                      iptables.Marks{Seen: bpf.MarkSeen, Fallthrough: bpf.MarkFallthrough, Vouched: bpf.MarkVouched, Mask: bpf.MarkMask},
 		WorkloadPrefix:             a.cfg.WorkloadInterfacePrefix,
 		Workloads:                  workloads,
 		NoForwardFallthroughAccept: a.cfg.Faults.Has(faults.NoForwardFallthroughAccept),
+		Ungated:                    ungated,
 	}
 	if cfg.NoForwardFallthroughAccept && a.iptablesFor == nil {
 		a.log.Warn("fault: FORWARD has no accept for fallthrough packets", "fault", faults.NoForwardFallthroughAccept)

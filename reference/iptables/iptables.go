@@ -90,6 +90,12 @@ type Config struct {
 	// NoForwardFallthroughAccept leaves FORWARD without its fallthrough accept (the
 	// no-forward-fallthrough-accept fault; INPUT keeps its own).
 	NoForwardFallthroughAccept bool
+	// Ungated leaves out the jumps to the gates: for the chains an agent writes when it
+	// first starts on a node refdp never programmed (Installed is false), whose pods
+	// predate it and ran unfiltered (under kube-proxy, say). Closing them before the
+	// first round attaches their programs would cut their traffic for that round; the
+	// round writes the gates with them in.
+	Ungated bool
 }
 
 // Rules renders the iptables-restore input that (re)writes the reference's chains.
@@ -119,7 +125,9 @@ func writeChains(b *strings.Builder, cfg Config) {
 	fmt.Fprintf(b, ":%s - [0:0]\n:%s - [0:0]\n:%s - [0:0]\n:%s - [0:0]\n", InputChain, ForwardChain, ToWorkloadChain, FromWorkloadChain)
 
 	// A pod's packets to the host pass the gate too: the host is a peer like another.
-	fmt.Fprintf(b, "-A %s -i %s+ -j %s\n", InputChain, prefix, FromWorkloadChain)
+	if !cfg.Ungated {
+		fmt.Fprintf(b, "-A %s -i %s+ -j %s\n", InputChain, prefix, FromWorkloadChain)
+	}
 	seen(InputChain)
 	fallthroughAccept(InputChain)
 
@@ -129,8 +137,10 @@ func writeChains(b *strings.Builder, cfg Config) {
 		ForwardChain, m.Fallthrough, m.Mask, m.Vouched, m.Vouched)
 	// The gates come before the SEEN accept: the host interface's programs mark
 	// SEEN a packet on its way to a workload whose own programs are not there yet.
-	fmt.Fprintf(b, "-A %s -o %s+ -j %s\n", ForwardChain, prefix, ToWorkloadChain)
-	fmt.Fprintf(b, "-A %s -i %s+ -j %s\n", ForwardChain, prefix, FromWorkloadChain)
+	if !cfg.Ungated {
+		fmt.Fprintf(b, "-A %s -o %s+ -j %s\n", ForwardChain, prefix, ToWorkloadChain)
+		fmt.Fprintf(b, "-A %s -i %s+ -j %s\n", ForwardChain, prefix, FromWorkloadChain)
+	}
 	seen(ForwardChain)
 	// The workload dispatch. It comes before the fallthrough accept, as in Calico: a
 	// flow from or to a workload never needs the latter.
@@ -217,6 +227,17 @@ func ensureScript(d *dump, cfg Config) string {
 	}
 	b.WriteString("COMMIT\n")
 	return b.String()
+}
+
+// Installed reports whether refdp's chains are on the node: whether refdp has
+// programmed it before.
+func Installed(ctx context.Context) (bool, error) {
+	d, err := save(ctx, "iptables-save", "-t", "filter")
+	if err != nil {
+		return false, err
+	}
+	filter := d.table("filter")
+	return filter != nil && filter.has(ForwardChain), nil
 }
 
 // Workloads returns the workload interfaces that refdp's chains accept now, as an

@@ -69,6 +69,28 @@ func TestParseSave(t *testing.T) {
 // by the host interface reaches the fallthrough accept, and the fault removes it from
 // FORWARD alone. The gates come before SEEN, so that a pod interface without its
 // programs passes nothing, not even what the host interface's programs marked.
+// TestUngated: the chains of a first start on a node refdp never programmed have no
+// jumps to the gates, and keep everything else.
+func TestUngated(t *testing.T) {
+	cfg := Config{Marks: Marks{Seen: 0x1000000, Fallthrough: 0x2000000, Vouched: 0x4000000, Mask: 0xf000000}}
+	gated := Rules(cfg)
+	cfg.Ungated = true
+	ungated := Rules(cfg)
+	for _, jump := range []string{"-j " + ToWorkloadChain, "-j " + FromWorkloadChain} {
+		if !strings.Contains(gated, jump) {
+			t.Errorf("the gated chains lack %q:\n%s", jump, gated)
+		}
+		if strings.Contains(ungated, jump) {
+			t.Errorf("the ungated chains jump to a gate (%q):\n%s", jump, ungated)
+		}
+	}
+	for _, l := range strings.Split(ungated, "\n") {
+		if !strings.Contains(gated, l) {
+			t.Errorf("the ungated chains have a rule the gated do not: %q", l)
+		}
+	}
+}
+
 func TestForwardLayout(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
