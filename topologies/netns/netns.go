@@ -27,10 +27,13 @@ import (
 	"github.com/dpconform/dpconform/topologies/controlplane"
 )
 
+// DefaultNodes is how many nodes a topology has unless Options say otherwise.
+const DefaultNodes = 2
+
 // Options configure a netns topology. The zero value is a 2-node topology with the
 // default CNI configuration and binaries from the make targets' cache.
 type Options struct {
-	// Nodes is the number of nodes (default 2, at most 26).
+	// Nodes is the number of nodes (default DefaultNodes, at most 26).
 	Nodes int
 	// Binaries locates etcd, kube-apiserver, kube-controller-manager and the CNI
 	// plugins; zero means controlplane.FindBinaries.
@@ -79,7 +82,7 @@ func New(ctx context.Context, opts Options) (_ *Topology, err error) {
 		return nil, errors.New("a netns topology needs root: it creates network namespaces, veths, a bridge and bpffs mounts; run as root")
 	}
 	if opts.Nodes == 0 {
-		opts.Nodes = 2
+		opts.Nodes = DefaultNodes
 	}
 	if opts.Nodes < 1 || opts.Nodes > 26 {
 		return nil, fmt.Errorf("Options.Nodes=%d: a netns topology has 1 to 26 nodes", opts.Nodes)
