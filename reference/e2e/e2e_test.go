@@ -22,7 +22,6 @@ import (
 	"github.com/dpconform/dpconform/fv/timeline"
 	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/internal/privileged"
-	"github.com/dpconform/dpconform/reference/faults"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/controlplane"
 	"github.com/dpconform/dpconform/topologies/netns"
@@ -244,34 +243,6 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		Eventually(func(ctx context.Context) []string { return reached(ctx, client, toLate) }).WithContext(ctx).Should(ConsistOf("late"))
 		Expect(reached(ctx, late, fromLate)).To(ConsistOf("from-late"))
 	}, SpecTimeout(2*time.Minute))
-
-	Context("with a fault", func() {
-		AfterEach(func(ctx SpecContext) {
-			// Back to a clean agent for the next spec.
-			Expect(w.Stop(ctx, nodeA)).To(Succeed())
-			w.Driver = newDriver()
-			Expect(w.Start(ctx, nodeA)).To(Succeed())
-			Expect(w.WaitReady(ctx, nodeA)).To(Succeed())
-		})
-
-		It(faults.EagerServiceSync+" erases NodePort frontends during a restart", func(ctx SpecContext) {
-			win := restartUnderTraffic(ctx, newDriver(faults.EagerServiceSync), false)
-			Expect(win).NotTo(matchers.HaveNoFailedAttempts(matchers.Probes("connect-nodeport-local", "connect-nodeport-remote")))
-		}, SpecTimeout(2*time.Minute))
-
-		It(faults.FlushNATOnStart+" breaks new NodePort connections during a restart", func(ctx SpecContext) {
-			win := restartUnderTraffic(ctx, newDriver(faults.FlushNATOnStart), true)
-			Expect(win).NotTo(matchers.HaveNoFailedAttempts(matchers.Probes("connect-nodeport-local", "connect-nodeport-remote")))
-		}, SpecTimeout(2*time.Minute))
-
-		It(faults.UnpinnedConntrack+" breaks established service streams across a restart", func(ctx SpecContext) {
-			win := restartUnderTraffic(ctx, newDriver(faults.UnpinnedConntrack), false)
-			Expect(win).NotTo(And(
-				matchers.HaveNoResets(matchers.Probes("stream-clusterip-remote", "stream-nodeport-remote")),
-				matchers.HaveStreamGapsWithin(200*time.Millisecond, matchers.Probes("stream-clusterip-remote", "stream-nodeport-remote")),
-			))
-		}, SpecTimeout(2*time.Minute))
-	})
 
 	// Policy across transitions: agent restarts, new pods, policy updates.
 	describePolicyTransitions(func() policyWorld { return policyWorld{w, topo, nodeA, direct[0].from} })
