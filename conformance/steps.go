@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -123,6 +124,12 @@ func Record(name, detail string) Step {
 		e.World.Timeline.Record(name, detail)
 		return nil
 	}}
+}
+
+// Pause waits d: the spacing between steps a spec makes on purpose (changes a
+// fixed time apart), never a wait for the implementation, which is on an event.
+func Pause(d time.Duration) Step {
+	return Step{"pause " + d.String(), func(ctx context.Context, _ *Env) error { return sleep(ctx, d) }}
 }
 
 // Do is a step of the spec's own; fn records its events.

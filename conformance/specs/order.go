@@ -10,6 +10,7 @@ import (
 
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
@@ -138,28 +139,15 @@ func orderPolicies(extraRoles []string) []*networkingv1.NetworkPolicy {
 				Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{PodSelector: friends}}}}}},
 		{ObjectMeta: metav1.ObjectMeta{Namespace: orderNamespace, Name: "restricted-egress"},
 			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{roleLabel: restricted}},
-				PolicyTypes: egress, Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{PodSelector: ptr(app("d"))}}}}}},
+				PolicyTypes: egress, Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{{PodSelector: ptr.To(app("d"))}}}}}},
 	}
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // ORDER-POLICY-REPLACE replaces its policy this many times, this far apart.
 const (
 	replacements = 5
 	replaceEvery = 200 * time.Millisecond
 )
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
 
 // orderConnect is a connect probe at the ordering specs' interval: delete-then-add
 // style windows last a round of the agent, a millisecond or two.
@@ -317,9 +305,7 @@ func policyReplace(ctx context.Context, e *conformance.Env) error {
 	for i := range replacements {
 		roles = append(roles, fmt.Sprintf("guest-%d", i+1))
 		if i > 0 {
-			replace = append(replace, conformance.Do("wait between replacements", func(ctx context.Context, _ *conformance.Env) error {
-				return sleepCtx(ctx, replaceEvery)
-			}))
+			replace = append(replace, conformance.Pause(replaceEvery))
 		}
 		replace = append(replace, conformance.Apply(orderPolicies(slices.Clone(roles))[1]))
 	}
