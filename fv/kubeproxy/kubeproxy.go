@@ -259,21 +259,7 @@ func (f *Fixture) Stop(ctx context.Context) error { return f.signal(ctx, syscall
 func (f *Fixture) Kill(ctx context.Context) error { return f.signal(ctx, syscall.SIGKILL) }
 
 func (f *Fixture) signal(ctx context.Context, sig syscall.Signal) error {
-	pid := f.PID()
-	if pid == 0 {
-		return nil
-	}
-	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("send %s to kube-proxy (pid %d): %w", sig, pid, err)
-	}
-	for proc.Alive(pid) {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("kube-proxy (pid %d) has not exited after %s: %w; see %s", pid, sig, ctx.Err(), f.Path(LogFile))
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
+	return proc.Signal(ctx, "kube-proxy", f.PID(), sig, f.Path(LogFile))
 }
 
 // WaitReady polls Status until kube-proxy is ready, and fails early if it exits.

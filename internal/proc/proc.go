@@ -4,10 +4,14 @@ package proc
 
 import (
 	"bytes"
+	"context"
+	"errors"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
+	"syscall"
+	"time"
 )
 
 // Alive reports whether pid runs. A zombie does not: an agent that exited after its
@@ -44,4 +48,24 @@ func field(pid, i int) (string, error) {
 		return "", fmt.Errorf("unreadable /proc/%d/stat", pid)
 	}
 	return f[i], nil
+}
+
+// Signal sends sig to pid, the process called name, and returns once it has exited
+// (at once if it is not running). A process that outlives ctx is an error naming
+// hint, where to look for why (its log).
+func Signal(ctx context.Context, name string, pid int, sig syscall.Signal, hint string) error {
+	if pid == 0 {
+		return nil
+	}
+	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("send %s to %s (pid %d): %w", sig, name, pid, err)
+	}
+	for Alive(pid) {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s (pid %d) has not exited after %s: %w; see %s", name, pid, sig, ctx.Err(), hint)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	return nil
 }

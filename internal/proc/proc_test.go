@@ -1,9 +1,15 @@
 package proc
 
 import (
+	"bufio"
+	"context"
+	"errors"
 	"os"
 	"os/exec"
+	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 func TestAlive(t *testing.T) {
@@ -35,5 +41,47 @@ func TestAlive(t *testing.T) {
 	}
 	if a, err := StartTime(os.Getpid()); err != nil || a == 0 {
 		t.Fatalf("StartTime: %d, %v", a, err)
+	}
+}
+
+func TestSignal(t *testing.T) {
+	if err := Signal(context.Background(), "nothing", 0, syscall.SIGTERM, "no log"); err != nil {
+		t.Fatalf("signalling no process: %v", err)
+	}
+	start := func(script string) *exec.Cmd {
+		cmd := exec.Command("sh", "-c", script)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		// Reap it as soon as it exits, as a driver's parent would not: Alive must
+		// see an exit either way.
+		go cmd.Wait()
+		return cmd
+	}
+	cmd := start("sleep 10")
+	if err := Signal(context.Background(), "sleeper", cmd.Process.Pid, syscall.SIGTERM, "sleeper.log"); err != nil {
+		t.Fatalf("a process that exits on SIGTERM: %v", err)
+	}
+	if Alive(cmd.Process.Pid) {
+		t.Fatal("Signal returned before the process exited")
+	}
+
+	stubborn := exec.Command("sh", "-c", `trap "" TERM; echo trapped; while :; do sleep 0.05; done`)
+	out, err := stubborn.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stubborn.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stubborn.Process.Kill(); stubborn.Wait() }()
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "trapped\n" {
+		t.Fatalf("the stubborn shell did not set its trap: %q, %v", line, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	err = Signal(ctx, "stubborn", stubborn.Process.Pid, syscall.SIGTERM, "stubborn.log")
+	if err == nil || !strings.Contains(err.Error(), "stubborn") || !strings.Contains(err.Error(), "stubborn.log") || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a process that ignores SIGTERM: got %v, want an error naming it and its log", err)
 	}
 }

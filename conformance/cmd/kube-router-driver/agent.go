@@ -244,21 +244,7 @@ func (a *agent) Stop(ctx context.Context) error { return a.signal(ctx, syscall.S
 func (a *agent) Kill(ctx context.Context) error { return a.signal(ctx, syscall.SIGKILL) }
 
 func (a *agent) signal(ctx context.Context, sig syscall.Signal) error {
-	pid := a.PID()
-	if pid == 0 {
-		return nil
-	}
-	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("send %s to kube-router (pid %d): %w", sig, pid, err)
-	}
-	for proc.Alive(pid) {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("kube-router (pid %d) has not exited after %s: %w; see %s", pid, sig, ctx.Err(), a.path(LogFile))
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	return nil
+	return proc.Signal(ctx, "kube-router", a.PID(), sig, a.path(LogFile))
 }
 
 // kube-router's names in the filter table and among the ipsets (netpol, v2.1.0):
