@@ -26,6 +26,35 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
+// bringUp makes a fresh topology for drv's implementation and a World on it, with
+// the implementation not yet started; done tears both down. Each measurement has a
+// world of its own, gone before the next one starts.
+func bringUp(ctx context.Context, b *testing.B, drv driver.Driver) (w *harness.World, done func()) {
+	b.Helper()
+	info, err := drv.Info(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	topo, err := netns.New(ctx, netns.Options{CNIConfig: info.CNI})
+	if err != nil {
+		b.Fatal(err)
+	}
+	prog, err := probe.Self()
+	if err != nil {
+		topo.Close()
+		b.Fatal(err)
+	}
+	w = harness.New(topo, drv, prog)
+	return w, func() {
+		if err := w.Cleanup(context.Background()); err != nil {
+			b.Errorf("driver cleanup: %v", err)
+		}
+		if err := topo.Close(); err != nil {
+			b.Errorf("topology close: %v", err)
+		}
+	}
+}
+
 // figures are what one implementation measured for one backend placement.
 type figures struct {
 	perSecond     float64
@@ -39,21 +68,9 @@ type figures struct {
 func measureNodePort(b *testing.B, drv driver.Driver, d, interval time.Duration) map[string]figures {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	info, err := drv.Info(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	topo, err := netns.New(ctx, netns.Options{CNIConfig: info.CNI})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer topo.Close()
-	prog, err := probe.Self()
-	if err != nil {
-		b.Fatal(err)
-	}
-	w := harness.New(topo, drv, prog)
-	defer w.Cleanup(context.Background())
+	w, done := bringUp(ctx, b, drv)
+	defer done()
+	topo, prog := w.Topo, w.Probe
 	if err := w.StartAll(ctx); err != nil {
 		b.Fatal(err)
 	}

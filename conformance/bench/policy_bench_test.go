@@ -18,13 +18,11 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
 	"github.com/dpconform/dpconform/topologies"
-	"github.com/dpconform/dpconform/topologies/netns"
 )
 
 // The load a policy change is measured under: pods and policies already present.
@@ -118,21 +116,9 @@ func addLoadPod(ctx context.Context, kube kubernetes.Interface, i int) error {
 func measurePolicy(b *testing.B, drv driver.Driver) policyFigures {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	info, err := drv.Info(ctx)
-	if err != nil {
-		b.Fatal(err)
-	}
-	topo, err := netns.New(ctx, netns.Options{CNIConfig: info.CNI})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer topo.Close()
-	prog, err := probe.Self()
-	if err != nil {
-		b.Fatal(err)
-	}
-	w := harness.New(topo, drv, prog)
-	defer w.Cleanup(context.Background())
+	w, done := bringUp(ctx, b, drv)
+	defer done()
+	topo := w.Topo
 	kube := topo.Kube()
 	if err := addLoad(ctx, kube); err != nil {
 		b.Fatalf("add %d pods and %d policies: %v", loadPods, loadPolicies, err)
