@@ -158,65 +158,6 @@ func errText(err error) string {
 	return ""
 }
 
-// nodePortFailures describes t's attempts in the window that failed other than by
-// timing out, or reached another backend than t's.
-func nodePortFailures(win timeline.Window, t target) []string {
-	var out []string
-	for _, e := range win.Inside() {
-		if e.Kind != probe.KindAttempt || e.Probe != t.name {
-			continue
-		}
-		if (e.Outcome.Failed() && e.Outcome != probe.Timeout) || (e.Outcome == probe.OK && e.Backend != t.backend) {
-			out = append(out, fmt.Sprintf("%s: %s", win.Relative(e.Time), timeline.Describe(e)))
-		}
-	}
-	return out
-}
-
-// figures summarise a window's connect attempts per probe.
-func figures(win timeline.Window) string {
-	type fig struct {
-		attempts, failed int
-		first, last      string
-		how              map[probe.Outcome]int
-	}
-	per := map[string]*fig{}
-	var names []string
-	for _, e := range win.Inside() {
-		if e.Kind != probe.KindAttempt {
-			continue
-		}
-		f := per[e.Probe]
-		if f == nil {
-			f = &fig{how: map[probe.Outcome]int{}}
-			per[e.Probe] = f
-			names = append(names, e.Probe)
-		}
-		f.attempts++
-		if e.Outcome.Failed() {
-			f.failed++
-			f.how[e.Outcome]++
-			if f.first == "" {
-				f.first = win.Relative(e.Time)
-			}
-			f.last = win.Relative(e.Time)
-		}
-	}
-	var b strings.Builder
-	for _, ev := range win.Transitions {
-		fmt.Fprintf(&b, "  %-10s %s\n", ev.Name, win.Relative(ev.Time))
-	}
-	for _, n := range names {
-		f := per[n]
-		fmt.Fprintf(&b, "  %-24s %5d attempts, %d failed", n, f.attempts, f.failed)
-		if f.failed > 0 {
-			fmt.Fprintf(&b, " %v, first %s, last %s", f.how, f.first, f.last)
-		}
-		b.WriteString("\n")
-	}
-	return b.String()
-}
-
 var _ = Describe("kube-proxy through its driver", func() {
 	for _, mode := range kubeproxy.Modes {
 		Describe(string(mode)+" mode", Ordered, ContinueOnFailure, func() {
@@ -326,42 +267,6 @@ var _ = Describe("kube-proxy through its driver", func() {
 				connectAll(ctx, 50)
 				Expect(w.StartAll(ctx)).To(Succeed())
 			}, SpecTimeout(2*time.Minute))
-
-			// The figures of docs/kube-proxy.md: new connections every 2 ms to every
-			// target while node-a's kube-proxy restarts.
-			for _, crash := range []bool{false, true} {
-				how := "a graceful restart"
-				if crash {
-					how = "a crash and start"
-				}
-				It("fails no new connection through "+how, func(ctx SpecContext) {
-					w.Timeline = timeline.New()
-					for _, t := range targets {
-						_, err := w.StartProbe(ctx, t.from, probe.Connect{Name: t.name, Target: t.addr, Interval: 2 * time.Millisecond})
-						Expect(err).NotTo(HaveOccurred())
-					}
-					time.Sleep(time.Second)
-					Expect(w.Restart(ctx, nodeA, crash)).To(Succeed())
-					time.Sleep(2 * time.Second)
-					Expect(w.StopProbes(ctx)).To(Succeed())
-					win, err := w.Timeline.TransitionWindow(time.Second, 2*time.Second)
-					Expect(err).NotTo(HaveOccurred())
-					AddReportEntry(fmt.Sprintf("%s mode, %s", mode, how), figures(win))
-					GinkgoWriter.Printf("%s mode, %s:\n%s", mode, how, figures(win))
-					for _, t := range targets {
-						if strings.HasPrefix(t.name, "clusterip") {
-							Expect(win).To(matchers.HaveNoFailedAttempts(matchers.Probes(t.name), matchers.Backends(t.backend)))
-							continue
-						}
-						// NodePort traffic is masqueraded; at this rate a masqueraded SYN
-						// now and then meets the backend's TIME_WAIT socket of an earlier
-						// connection and is retried a second later, with or without a
-						// restart (docs/kube-proxy.md). Rules missing during a restart
-						// would show as refused connections (no listener on the node).
-						Expect(nodePortFailures(win, t)).To(BeEmpty(), "NodePort attempts that failed other than by a timeout")
-					}
-				}, SpecTimeout(time.Minute))
-			}
 
 			It("removes every KUBE-* chain and its nftables table on cleanup", func(ctx SpecContext) {
 				for _, n := range topo.Nodes() {
