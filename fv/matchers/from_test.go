@@ -166,3 +166,24 @@ func TestHaveZeroDeliveredOnBackends(t *testing.T) {
 		verdict: matchers.Violation, kind: matchers.KindDelivered, figure: "delivered", figureVal: 5,
 	}})
 }
+
+// The report shows the window a From check judged, not the one it was given.
+func TestFromReportsItsWindow(t *testing.T) {
+	tl := newTimeline()
+	reconciled(0, 0)(tl)
+	w := window(tl)
+	m := matchers.HaveNoFailedAttempts(matchers.From(timeline.Ready, time.Second))
+	if ok, err := m.Match(w); !ok || err != nil {
+		t.Fatalf("Match: %v, %v", ok, err)
+	}
+	if got, want := m.Result().Window, "window from +1000.0 ms after ready to +3000.0 ms after ready (2.0 s)"; got != want {
+		t.Errorf("Result().Window = %q, want %q", got, want)
+	}
+	plain := matchers.HaveNoFailedAttempts()
+	if _, err := plain.Match(w); err != nil {
+		t.Fatal(err)
+	}
+	if got := plain.Result().Window; got != "" {
+		t.Errorf("without From, Result().Window = %q, want empty (the caller's window)", got)
+	}
+}

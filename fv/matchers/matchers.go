@@ -87,6 +87,8 @@ type Result struct {
 	Figures []Figure `json:"figures"`
 	// First is the first violation in one line; empty on a pass.
 	First string `json:"first,omitempty"`
+	// Window is the window judged, when From narrowed the one given to Match.
+	Window string `json:"window,omitempty"`
 }
 
 // Matcher is a Gomega matcher that keeps its measurement.
@@ -360,7 +362,11 @@ func (m *matcher) NegatedFailureMessage(any) string {
 }
 
 func (m *matcher) Result() Result {
-	return Result{Verdict: m.out.verdict, Kind: m.out.kind, Figures: m.out.figures, First: m.out.first}
+	r := Result{Verdict: m.out.verdict, Kind: m.out.kind, Figures: m.out.figures, First: m.out.first}
+	if m.opts.fromEvent != "" && m.w.End != 0 {
+		r.Window = m.w.String()
+	}
+	return r
 }
 
 func budget(v float64) *float64 { return &v }

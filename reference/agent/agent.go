@@ -55,6 +55,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -136,7 +137,12 @@ type Agent struct {
 	attached map[int]endpoint // ifindex -> endpoint, programs and policy attached
 	// iptablesFor is the set of workload ifindexes refdp's chains were last written
 	// for (nil: not written yet).
-	iptablesFor     []int
+	iptablesFor []int
+	// servicesChanged is set by the first Service or EndpointSlice event after the
+	// informers' initial list (the fault adopt-without-reconcile only: until then its
+	// service applies delete nothing).
+	servicesChanged atomic.Bool
+	warnedAdopt     bool
 	tookOver        bool // kube-proxy's rules removed (or found absent)
 	ready           bool
 	lastSyncError   string
@@ -294,7 +300,17 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := a.startInformers(ctx, kube); err != nil {
 		return err
 	}
-	a.status.write(false, "waiting for the datastore and host IPs")
+	if cfg.Faults.Has(faults.ReadyBeforeFirstApply) {
+		// Healthy while starting up: what the pins hold is taken for what the API
+		// holds, until the first complete round.
+		a.log.Warn("fault: ready before the first complete round", "fault", faults.ReadyBeforeFirstApply)
+		a.ready = true
+		if err := a.status.write(true, "ready (before the first apply)"); err != nil {
+			return err
+		}
+	} else {
+		a.status.write(false, "waiting for the datastore and host IPs")
+	}
 	return a.loop(ctx)
 }
 
@@ -331,6 +347,24 @@ func (a *Agent) startInformers(ctx context.Context, kube kubernetes.Interface) e
 	for _, inf := range []cache.SharedIndexInformer{svc, slices, pods, namespaces, node} {
 		inf.AddEventHandler(h)
 		a.synced = append(a.synced, inf.HasSynced)
+	}
+	if a.cfg.Faults.Has(faults.AdoptWithoutReconcile) {
+		// Deletions follow events: only a change after the initial list lets the
+		// service applies delete what the API no longer holds.
+		changed := cache.ResourceEventHandlerDetailedFuncs{
+			AddFunc: func(_ any, initial bool) {
+				if !initial {
+					a.servicesChanged.Store(true)
+				}
+			},
+			UpdateFunc: func(any, any) { a.servicesChanged.Store(true) },
+			DeleteFunc: func(any) { a.servicesChanged.Store(true) },
+		}
+		for _, inf := range []cache.SharedIndexInformer{svc, slices} {
+			if _, err := inf.AddEventHandler(changed); err != nil {
+				return fmt.Errorf("watch services: %w", err)
+			}
+		}
 	}
 	// Policies are read from the agent's own view, which their events keep: the view
 	// is in sync once the handler has had the informer's initial list.
@@ -761,7 +795,15 @@ func (a *Agent) syncServices(hostIPs []netip.Addr, hostsOK bool) error {
 	for _, o := range a.sliceLister.List() {
 		epSlices = append(epSlices, o.(*discoveryv1.EndpointSlice))
 	}
-	st, err := a.syncer.Apply(services.Compute(svcs, epSlices, hostIPs), true)
+	complete := true
+	if a.cfg.Faults.Has(faults.AdoptWithoutReconcile) && !a.servicesChanged.Load() {
+		complete = false
+		if !a.warnedAdopt {
+			a.warnedAdopt = true
+			a.log.Warn("fault: service applies write additions only until a Service or EndpointSlice changes", "fault", faults.AdoptWithoutReconcile)
+		}
+	}
+	st, err := a.syncer.Apply(services.Compute(svcs, epSlices, hostIPs), complete)
 	if err != nil {
 		return err
 	}
