@@ -214,6 +214,15 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	// The sets a previous run left keep their IDs: nothing is rewritten for them.
 	a.compiler.Adopt(a.policy.Sets())
+	if cfg.Faults.Has(faults.ReadyBeforeFirstApply) {
+		// The pinned datapath is adopted and keeps forwarding: taken for programmed,
+		// as if what the pins hold were what the API holds, until the first round.
+		a.log.Warn("fault: ready once the pinned datapath is adopted, before the first complete round", "fault", faults.ReadyBeforeFirstApply)
+		a.ready = true
+		if err := a.status.write(true, "ready (adopted, not yet applied)"); err != nil {
+			return err
+		}
+	}
 	for _, f := range []string{faults.IgnoreIPBlockExcept, faults.NamedPortsUnresolved, faults.EgressIgnoresPorts} {
 		if cfg.Faults.Has(f) {
 			a.log.Warn("fault: the policy compiler is defective", "fault", f, "what", faults.Describe(f))
@@ -300,15 +309,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := a.startInformers(ctx, kube); err != nil {
 		return err
 	}
-	if cfg.Faults.Has(faults.ReadyBeforeFirstApply) {
-		// Healthy while starting up: what the pins hold is taken for what the API
-		// holds, until the first complete round.
-		a.log.Warn("fault: ready before the first complete round", "fault", faults.ReadyBeforeFirstApply)
-		a.ready = true
-		if err := a.status.write(true, "ready (before the first apply)"); err != nil {
-			return err
-		}
-	} else {
+	if !a.ready {
 		a.status.write(false, "waiting for the datastore and host IPs")
 	}
 	return a.loop(ctx)

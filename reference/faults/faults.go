@@ -82,10 +82,10 @@ const (
 	// from the agent's start until its first complete round writes policy again.
 	OpenWhileRestarting = "open-while-restarting"
 	// ReadyBeforeFirstApply: the agent reports ready as soon as it has adopted the
-	// pinned datapath and started watching the API ("healthy while starting up", as
+	// pinned datapath, which keeps forwarding ("healthy while starting up", as
 	// kube-proxy's /healthz is), before its first complete round has written what the
-	// API holds, so for that long after ready the datapath is still programmed with
-	// the world as it was when the agent stopped.
+	// API holds: from ready until that round the datapath is still programmed with the
+	// world as it was when the agent stopped.
 	ReadyBeforeFirstApply = "ready-before-first-apply"
 	// AdoptWithoutReconcile: on start the pinned service maps are adopted and the
 	// rounds write only what the API adds or changes; what was deleted while the agent
@@ -113,7 +113,7 @@ var known = map[string]string{
 	RedirectBeforePolicy:          "new endpoints attached and their gates opened without their policy, written only after iptables (Calico 6241)",
 	DeleteThenAddPolicy:           "a NetworkPolicy update is applied as a delete and an add, each in its own round",
 	OpenWhileRestarting:           "on start every pinned endpoint is re-attached from scratch without policy, until the first complete round",
-	ReadyBeforeFirstApply:         "the agent reports ready once started, before its first complete round writes what the API holds",
+	ReadyBeforeFirstApply:         "the agent reports ready once it has adopted the pinned datapath, before its first complete round writes what the API holds",
 	AdoptWithoutReconcile:         "pinned service maps adopted on start; what was deleted while down stays until a Service or EndpointSlice changes",
 }
 
