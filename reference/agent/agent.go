@@ -63,6 +63,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -309,6 +310,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := a.startInformers(ctx, kube); err != nil {
 		return err
 	}
+	go a.pokeWhenSynced(ctx)
 	if !a.ready {
 		a.status.write(false, "waiting for the datastore and host IPs")
 	}
@@ -482,6 +484,22 @@ func (a *Agent) loop(ctx context.Context) error {
 			a.log.Warn("fault: updated NetworkPolicies were deleted for a round, now added again", "fault", faults.DeleteThenAddPolicy, "policies", readded)
 			a.poke()
 		}
+	}
+}
+
+// syncedPoll is how often pokeWhenSynced looks whether the view is complete.
+const syncedPoll = 5 * time.Millisecond
+
+// pokeWhenSynced starts a round as soon as the view is complete. Events poke the loop,
+// but the last informer or handler to sync may do so with none left to deliver (the
+// handler of an empty list of NetworkPolicies syncs without an event): without this
+// the first round, and ready, would wait for the loop's next tick, up to a second.
+func (a *Agent) pokeWhenSynced(ctx context.Context) {
+	err := wait.PollUntilContextCancel(ctx, syncedPoll, true, func(context.Context) (bool, error) {
+		return a.informersSynced(), nil
+	})
+	if err == nil {
+		a.poke()
 	}
 }
 
