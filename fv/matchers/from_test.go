@@ -47,10 +47,12 @@ func TestFrom(t *testing.T) {
 		return append([]matchers.Option{matchers.From(timeline.Ready, 0)}, opts...)
 	}
 	run(t, []check{{
-		name:    "judges only from ready: the stale backend before it does not count",
-		build:   reconciled(2500, 0),
-		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts(fromReady(matchers.Backends("keep", "new"))...) },
-		pass:    true, verdict: matchers.Pass, figure: "failed_attempts", figureVal: 0,
+		name:  "judges only from ready: the stale backend before it does not count",
+		build: reconciled(2500, 0),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveNoFailedAttempts(fromReady(matchers.Backends("keep", "new"))...)
+		},
+		pass: true, verdict: matchers.Pass, figure: "failed_attempts", figureVal: 0,
 		contains: []string{"window from +0.0 ms after ready to +3000.0 ms after ready (3.0 s)", "failed 0 of 1501 attempts"},
 	}, {
 		name:    "without From the same timeline fails",
@@ -58,9 +60,11 @@ func TestFrom(t *testing.T) {
 		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts(matchers.Backends("keep", "new")) },
 		verdict: matchers.Violation, kind: matchers.KindWrongBackend,
 	}, {
-		name:    "fails on the stale backend 40 ms after ready",
-		build:   reconciled(2540, 0),
-		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts(fromReady(matchers.Backends("keep", "new"))...) },
+		name:  "fails on the stale backend 40 ms after ready",
+		build: reconciled(2540, 0),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveNoFailedAttempts(fromReady(matchers.Backends("keep", "new"))...)
+		},
 		verdict: matchers.Violation, kind: matchers.KindWrongBackend, figure: "failed_attempts", figureVal: 10,
 		contains: []string{"First violation: probe s1, started +0.0 ms after ready", "WRONG BACKEND old"},
 	}, {
@@ -85,9 +89,11 @@ func TestFrom(t *testing.T) {
 		verdict:  matchers.Instrument,
 		contains: []string{`no "switched" event in the window`},
 	}, {
-		name:     "is an instrument error when the window ends before the offset",
-		build:    reconciled(0, 0),
-		matcher:  func() matchers.Matcher { return matchers.HaveNoFailedAttempts(matchers.From(timeline.Ready, 3*time.Second)) },
+		name:  "is an instrument error when the window ends before the offset",
+		build: reconciled(0, 0),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveNoFailedAttempts(matchers.From(timeline.Ready, 3*time.Second))
+		},
 		verdict:  matchers.Instrument,
 		contains: []string{"ends before 3000.0 ms after ready"},
 	}})
@@ -101,15 +107,19 @@ func TestHaveAttemptsOn(t *testing.T) {
 		pass:    true, verdict: matchers.Pass, figure: "backends_unanswered", figureVal: 0,
 		contains: []string{"answers per backend: keep 1125, new 751 of 2251 attempts; others: old 375"},
 	}, {
-		name:    "fails when a backend answers none",
-		build:   reconciled(2500, 0),
-		matcher: func() matchers.Matcher { return matchers.HaveAttemptsOn([]string{"keep", "old"}, matchers.From(timeline.Ready, 0)) },
+		name:  "fails when a backend answers none",
+		build: reconciled(2500, 0),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveAttemptsOn([]string{"keep", "old"}, matchers.From(timeline.Ready, 0))
+		},
 		verdict: matchers.Violation, kind: matchers.KindUnserved, figure: "backends_unanswered", figureVal: 1,
 		contains: []string{"no attempt of 1501 was answered by old", "keep 750, old 0 of 1501 attempts; others: new 751"},
 	}, {
-		name:    "fails when failures leave a backend unanswered",
-		build:   reconciled(0, 6000),
-		matcher: func() matchers.Matcher { return matchers.HaveAttemptsOn([]string{"new"}, matchers.From(timeline.Ready, 0)) },
+		name:  "fails when failures leave a backend unanswered",
+		build: reconciled(0, 6000),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveAttemptsOn([]string{"new"}, matchers.From(timeline.Ready, 0))
+		},
 		verdict: matchers.Violation, kind: matchers.KindUnserved,
 		contains: []string{"no attempt of 1501 was answered by new", "1501 failed"},
 	}, {
@@ -149,10 +159,12 @@ func TestHaveZeroDeliveredOnBackends(t *testing.T) {
 		pass:    true, verdict: matchers.Pass, figure: "delivered", figureVal: 0,
 		contains: []string{"0 of 1501 requests delivered to old (budget 0)"},
 	}, {
-		name:    "counts only the named backend: others answering is no delivery",
-		build:   withServer(0, true),
-		matcher: func() matchers.Matcher { return matchers.HaveZeroDelivered(matchers.Probes("s1"), matchers.OnBackends("gone")) },
-		pass:    true, verdict: matchers.Pass, figure: "delivered", figureVal: 0,
+		name:  "counts only the named backend: others answering is no delivery",
+		build: withServer(0, true),
+		matcher: func() matchers.Matcher {
+			return matchers.HaveZeroDelivered(matchers.Probes("s1"), matchers.OnBackends("gone"))
+		},
+		pass: true, verdict: matchers.Pass, figure: "delivered", figureVal: 0,
 	}, {
 		name:    "fails when the removed backend answers after ready",
 		build:   withServer(2520, true),
