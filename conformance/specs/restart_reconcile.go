@@ -28,8 +28,7 @@ func init() {
 			// Ready while the datapath still holds what it had when the agent stopped:
 			// the removed backend and the deleted Service answer, the new one does not.
 			{Fault: "ready-before-first-apply", Kinds: []conformance.FailureKind{
-				matchers.KindDelivered, matchers.KindUnserved, matchers.KindWrongBackend,
-				matchers.KindTimeout, matchers.KindUnreachable, matchers.KindReset}},
+				matchers.KindDelivered, matchers.KindTimeout, matchers.KindUnreachable}},
 			// Additions written, deletions of what went while it was down never:
 			// the deleted Service keeps answering.
 			{Fault: "adopt-without-reconcile", Kinds: []conformance.FailureKind{matchers.KindDelivered}},
