@@ -42,6 +42,12 @@ type Budgets struct {
 	// EndWithin is how soon a stream to a removed backend must end (RST or FIN)
 	// instead of hanging.
 	EndWithin time.Duration `budget:"end-within"`
+	// ReconcileWithin is how soon after an agent that was down reports ready again
+	// every new connection to a Service whose backends changed meanwhile must succeed
+	// (RESTART-RECONCILE): from ready itself none may reach a backend the Service no
+	// longer has, and a new Service must answer; a Service switched to its new
+	// backends delete-then-add may fail a few connections until then.
+	ReconcileWithin time.Duration `budget:"reconcile-within"`
 	// Ready bounds every wait for an agent to report ready, at set-up and after each
 	// start of a transition. An agent that is not ready by then fails the spec.
 	Ready time.Duration `budget:"ready"`
@@ -88,6 +94,7 @@ var DefaultBudgets = Budgets{
 	StreamMaxGap:     200 * time.Millisecond,
 	AliveWithin:      500 * time.Millisecond,
 	EndWithin:        2 * time.Second,
+	ReconcileWithin:  time.Second,
 	Ready:            60 * time.Second,
 	Programmed:       10 * time.Second,
 	SwitchMaxGap:     time.Second,

@@ -230,7 +230,7 @@ func (e *Env) check(ctx context.Context, c Check, win timeline.Window, pre bool)
 	m := c.Matcher.WithDefaults(matchers.MaxBlind(e.Budgets.MaxBlind), matchers.Within(e.Budgets.AliveWithin))
 	ok, err := m.Match(win)
 	res := m.Result()
-	cr := CheckResult{Name: c.Name, Passed: ok && err == nil, Verdict: res.Verdict, Figures: res.Figures, Window: win.String(), Pre: pre}
+	cr := CheckResult{Name: c.Name, Passed: ok && err == nil, Verdict: res.Verdict, Figures: res.Figures, Window: cmp.Or(res.Window, win.String()), Pre: pre}
 	if err != nil {
 		cr.Message = err.Error()
 		e.checks = append(e.checks, cr)

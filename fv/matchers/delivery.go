@@ -42,8 +42,10 @@ func senders(w timeline.Window, o options, roles ...probe.Role) (map[string]bool
 // HaveZeroDelivered succeeds when nothing that the selected probes sent inside the
 // window was delivered: no serve probe received one of their requests or datagrams,
 // no connect attempt and no stream opened, no echo came back. It is the invariant of
-// a flow that policy denies. Options: Probes (the senders), To (destination labels or
-// addresses), Grace, Context.
+// a flow that policy denies. With OnBackends only what those backends received or
+// answered counts: nothing reaches a backend a Service no longer has. Options: Probes
+// (the senders), To (destination labels or addresses), OnBackends, Grace, Context,
+// From.
 func HaveZeroDelivered(opts ...Option) Matcher {
 	return newMatcher("nothing delivered", KindDelivered, opts, func(w timeline.Window, o options) (outcome, error) {
 		from, err := senders(w, o, probe.RoleConnect, probe.RoleStream, probe.RoleUDP)
@@ -64,8 +66,11 @@ func HaveZeroDelivered(opts ...Option) Matcher {
 			if !o.toSelected(e.Target) {
 				continue
 			}
+			// A request a backend outside OnBackends received or answered is not
+			// counted; the attempt is still one that was sent.
+			at := o.streamSelected(e.Backend)
 			switch {
-			case e.Kind == probe.KindRecv && from[e.From]:
+			case e.Kind == probe.KindRecv && from[e.From] && at:
 				proto := e.Proto
 				if proto == "tcp" {
 					proto = "attempt"
@@ -77,15 +82,15 @@ func HaveZeroDelivered(opts ...Option) Matcher {
 			case !from[e.Probe]:
 			case e.Kind == probe.KindAttempt && e.Outcome != probe.Skipped:
 				sent++
-				if e.Outcome == probe.OK {
+				if e.Outcome == probe.OK && at {
 					delivered[key{e.Probe, "attempt", e.Seq}] = e
 				}
 			case e.Kind == probe.KindOpen:
 				sent++
-				if e.Outcome == probe.OK {
+				if e.Outcome == probe.OK && at {
 					delivered[key{e.Probe, "open", uint64(e.Stream)}] = e
 				}
-			case e.Kind == probe.KindEcho:
+			case e.Kind == probe.KindEcho && at:
 				delivered[key{e.Probe, fmt.Sprintf("echo %d", e.Stream), e.Seq}] = e
 			case e.Kind == probe.KindSent:
 				sent++
@@ -104,9 +109,13 @@ func HaveZeroDelivered(opts ...Option) Matcher {
 			}
 			all = append(all, e)
 		}
+		to := ""
+		if len(o.onBackends) > 0 {
+			to = " to " + strings.Join(o.onBackends, " or ")
+		}
 		out := outcome{verdict: Pass, figures: []Figure{
 			{Name: "delivered", Value: float64(n), Unit: "requests", Of: sent, Budget: budget(0),
-				Text: fmt.Sprintf("%d of %d requests delivered (budget 0)", n, sent)},
+				Text: fmt.Sprintf("%d of %d requests delivered%s (budget 0)", n, sent, to)},
 		}}
 		if n == 0 {
 			return out, nil

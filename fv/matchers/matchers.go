@@ -87,6 +87,8 @@ type Result struct {
 	Figures []Figure `json:"figures"`
 	// First is the first violation in one line; empty on a pass.
 	First string `json:"first,omitempty"`
+	// Window is the window judged, when From narrowed the one given to Match.
+	Window string `json:"window,omitempty"`
 }
 
 // Matcher is a Gomega matcher that keeps its measurement.
@@ -118,6 +120,8 @@ type options struct {
 	within     time.Duration
 	grace      time.Duration
 	context    time.Duration
+	fromEvent  string // with From: judge only from fromAfter past this event
+	fromAfter  time.Duration
 }
 
 // Defaults of the options.
@@ -171,8 +175,38 @@ func Context(d time.Duration) Option { return func(o *options) { o.context = d }
 // BeAliveAtEnd, HaveStreamsEndedWithin) to streams answered by these backends, as
 // their echoes name them: for a Service, the dataplane picks the backend, so a spec
 // can only sort streams after the fact. HaveNoResets then ignores connect attempts.
+// HaveZeroDelivered counts only what these backends received or answered.
 func OnBackends(names ...string) Option {
 	return func(o *options) { o.onBackends = append(o.onBackends, names...) }
+}
+
+// From narrows the window a matcher judges to its part from after past the first
+// transition event named event inside it: a spec whose invariant holds only once the
+// implementation is ready (From(timeline.Ready, 0)), or within a budget of it, is
+// judged from there on, while the window still places every event relative to the
+// whole transition. A window without that event, or one that ends before the moment,
+// is an instrument error: the invariant was not measured.
+func From(event string, after time.Duration) Option {
+	return func(o *options) { o.fromEvent, o.fromAfter = event, after }
+}
+
+// narrow applies From to w.
+func narrow(w timeline.Window, o options) (timeline.Window, error) {
+	if o.fromEvent == "" {
+		return w, nil
+	}
+	for _, t := range w.Transitions {
+		if t.Name != o.fromEvent || !w.Contains(t.Time) {
+			continue
+		}
+		start := t.Time.Add(o.fromAfter)
+		if start >= w.End {
+			return w, fmt.Errorf("the %s ends before %s after %s, where the check starts", w, fmtMs(o.fromAfter), o.fromEvent)
+		}
+		w.Start = max(w.Start, start)
+		return w, nil
+	}
+	return w, fmt.Errorf("no %q event in the %s, from which the check starts", o.fromEvent, w)
 }
 
 // streamSelected reports whether a stream's backend is selected by OnBackends.
@@ -274,6 +308,11 @@ func (m *matcher) Match(actual any) (bool, error) {
 		return false, err
 	}
 	m.w = w
+	if w, err = narrow(w, m.opts); err != nil {
+		m.out = outcome{verdict: Instrument, first: err.Error()}
+		return false, fmt.Errorf("%w: cannot check %s: %w", ErrInstrument, m.what, err)
+	}
+	m.w = w
 	m.out, err = m.eval(w, m.opts)
 	if err != nil {
 		m.out = outcome{verdict: Instrument, first: err.Error()}
@@ -323,7 +362,11 @@ func (m *matcher) NegatedFailureMessage(any) string {
 }
 
 func (m *matcher) Result() Result {
-	return Result{Verdict: m.out.verdict, Kind: m.out.kind, Figures: m.out.figures, First: m.out.first}
+	r := Result{Verdict: m.out.verdict, Kind: m.out.kind, Figures: m.out.figures, First: m.out.first}
+	if m.opts.fromEvent != "" && m.w.End != 0 {
+		r.Window = m.w.String()
+	}
+	return r
 }
 
 func budget(v float64) *float64 { return &v }

@@ -65,12 +65,24 @@ func Direct(p topologies.Pod) string {
 // returns it with its server (stop the server to close its sockets, as a kubelet
 // stopping the container does).
 func AddBackend(ctx context.Context, w *harness.World, name, node string, labels map[string]string) (topologies.Pod, *probe.Process, error) {
+	return addBackend(ctx, w, name, node, labels, false)
+}
+
+// AddRecordingBackend is AddBackend with a server that also reports every connection
+// it receives (probe.Serve.RecordTCP), sender and attempt included: a check then sees
+// a request that reached the backend even when its reply never got back
+// (matchers.HaveZeroDelivered with OnBackends).
+func AddRecordingBackend(ctx context.Context, w *harness.World, name, node string, labels map[string]string) (topologies.Pod, *probe.Process, error) {
+	return addBackend(ctx, w, name, node, labels, true)
+}
+
+func addBackend(ctx context.Context, w *harness.World, name, node string, labels map[string]string, record bool) (topologies.Pod, *probe.Process, error) {
 	p, err := w.Topo.AddPod(ctx, topologies.PodSpec{Name: name, Node: node, Labels: labels,
 		Ports: []topologies.ContainerPort{{Name: "echo", Port: EchoPort}}})
 	if err != nil {
 		return nil, nil, fmt.Errorf("add backend %s: %w", name, err)
 	}
-	srv, err := w.StartProbe(ctx, p, probe.Serve{Name: name, TCP: []int{EchoPort}})
+	srv, err := w.StartProbe(ctx, p, probe.Serve{Name: name, TCP: []int{EchoPort}, RecordTCP: record})
 	if err != nil {
 		return nil, nil, fmt.Errorf("serve on %s: %w", name, err)
 	}

@@ -55,6 +55,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -62,6 +63,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -136,7 +138,12 @@ type Agent struct {
 	attached map[int]endpoint // ifindex -> endpoint, programs and policy attached
 	// iptablesFor is the set of workload ifindexes refdp's chains were last written
 	// for (nil: not written yet).
-	iptablesFor     []int
+	iptablesFor []int
+	// servicesChanged is set by the first Service or EndpointSlice event after the
+	// informers' initial list (the fault adopt-without-reconcile only: until then its
+	// service applies delete nothing).
+	servicesChanged atomic.Bool
+	warnedAdopt     bool
 	tookOver        bool // kube-proxy's rules removed (or found absent)
 	ready           bool
 	lastSyncError   string
@@ -208,6 +215,15 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	// The sets a previous run left keep their IDs: nothing is rewritten for them.
 	a.compiler.Adopt(a.policy.Sets())
+	if cfg.Faults.Has(faults.ReadyBeforeFirstApply) {
+		// The pinned datapath is adopted and keeps forwarding: taken for programmed,
+		// as if what the pins hold were what the API holds, until the first round.
+		a.log.Warn("fault: ready once the pinned datapath is adopted, before the first complete round", "fault", faults.ReadyBeforeFirstApply)
+		a.ready = true
+		if err := a.status.write(true, "ready (adopted, not yet applied)"); err != nil {
+			return err
+		}
+	}
 	for _, f := range []string{faults.IgnoreIPBlockExcept, faults.NamedPortsUnresolved, faults.EgressIgnoresPorts} {
 		if cfg.Faults.Has(f) {
 			a.log.Warn("fault: the policy compiler is defective", "fault", f, "what", faults.Describe(f))
@@ -294,7 +310,10 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := a.startInformers(ctx, kube); err != nil {
 		return err
 	}
-	a.status.write(false, "waiting for the datastore and host IPs")
+	go a.pokeWhenSynced(ctx)
+	if !a.ready {
+		a.status.write(false, "waiting for the datastore and host IPs")
+	}
 	return a.loop(ctx)
 }
 
@@ -331,6 +350,24 @@ func (a *Agent) startInformers(ctx context.Context, kube kubernetes.Interface) e
 	for _, inf := range []cache.SharedIndexInformer{svc, slices, pods, namespaces, node} {
 		inf.AddEventHandler(h)
 		a.synced = append(a.synced, inf.HasSynced)
+	}
+	if a.cfg.Faults.Has(faults.AdoptWithoutReconcile) {
+		// Deletions follow events: only a change after the initial list lets the
+		// service applies delete what the API no longer holds.
+		changed := cache.ResourceEventHandlerDetailedFuncs{
+			AddFunc: func(_ any, initial bool) {
+				if !initial {
+					a.servicesChanged.Store(true)
+				}
+			},
+			UpdateFunc: func(any, any) { a.servicesChanged.Store(true) },
+			DeleteFunc: func(any) { a.servicesChanged.Store(true) },
+		}
+		for _, inf := range []cache.SharedIndexInformer{svc, slices} {
+			if _, err := inf.AddEventHandler(changed); err != nil {
+				return fmt.Errorf("watch services: %w", err)
+			}
+		}
 	}
 	// Policies are read from the agent's own view, which their events keep: the view
 	// is in sync once the handler has had the informer's initial list.
@@ -447,6 +484,22 @@ func (a *Agent) loop(ctx context.Context) error {
 			a.log.Warn("fault: updated NetworkPolicies were deleted for a round, now added again", "fault", faults.DeleteThenAddPolicy, "policies", readded)
 			a.poke()
 		}
+	}
+}
+
+// syncedPoll is how often pokeWhenSynced looks whether the view is complete.
+const syncedPoll = 5 * time.Millisecond
+
+// pokeWhenSynced starts a round as soon as the view is complete. Events poke the loop,
+// but the last informer or handler to sync may do so with none left to deliver (the
+// handler of an empty list of NetworkPolicies syncs without an event): without this
+// the first round, and ready, would wait for the loop's next tick, up to a second.
+func (a *Agent) pokeWhenSynced(ctx context.Context) {
+	err := wait.PollUntilContextCancel(ctx, syncedPoll, true, func(context.Context) (bool, error) {
+		return a.informersSynced(), nil
+	})
+	if err == nil {
+		a.poke()
 	}
 }
 
@@ -761,7 +814,15 @@ func (a *Agent) syncServices(hostIPs []netip.Addr, hostsOK bool) error {
 	for _, o := range a.sliceLister.List() {
 		epSlices = append(epSlices, o.(*discoveryv1.EndpointSlice))
 	}
-	st, err := a.syncer.Apply(services.Compute(svcs, epSlices, hostIPs), true)
+	complete := true
+	if a.cfg.Faults.Has(faults.AdoptWithoutReconcile) && !a.servicesChanged.Load() {
+		complete = false
+		if !a.warnedAdopt {
+			a.warnedAdopt = true
+			a.log.Warn("fault: service applies write additions only until a Service or EndpointSlice changes", "fault", faults.AdoptWithoutReconcile)
+		}
+	}
+	st, err := a.syncer.Apply(services.Compute(svcs, epSlices, hostIPs), complete)
 	if err != nil {
 		return err
 	}

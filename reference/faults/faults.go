@@ -81,6 +81,19 @@ const (
 	// without its policy, before its view is complete, so every endpoint is unpoliced
 	// from the agent's start until its first complete round writes policy again.
 	OpenWhileRestarting = "open-while-restarting"
+	// ReadyBeforeFirstApply: the agent reports ready as soon as it has adopted the
+	// pinned datapath, which keeps forwarding ("healthy while starting up", as
+	// kube-proxy's /healthz is), before its first complete round has written what the
+	// API holds: from ready until that round the datapath is still programmed with the
+	// world as it was when the agent stopped.
+	ReadyBeforeFirstApply = "ready-before-first-apply"
+	// AdoptWithoutReconcile: on start the pinned service maps are adopted and the
+	// rounds write only what the API adds or changes; what was deleted while the agent
+	// was down (a Service, a backend set) is deleted only once a Service or
+	// EndpointSlice changes after the informers' initial list, as an agent whose
+	// deletions are driven by delete events never sees one for an object that went
+	// while it was not watching.
+	AdoptWithoutReconcile = "adopt-without-reconcile"
 )
 
 var known = map[string]string{
@@ -100,6 +113,8 @@ var known = map[string]string{
 	RedirectBeforePolicy:          "new endpoints attached and their gates opened without their policy, written only after iptables (Calico 6241)",
 	DeleteThenAddPolicy:           "a NetworkPolicy update is applied as a delete and an add, each in its own round",
 	OpenWhileRestarting:           "on start every pinned endpoint is re-attached from scratch without policy, until the first complete round",
+	ReadyBeforeFirstApply:         "the agent reports ready once it has adopted the pinned datapath, before its first complete round writes what the API holds",
+	AdoptWithoutReconcile:         "pinned service maps adopted on start; what was deleted while down stays until a Service or EndpointSlice changes",
 }
 
 // Set is a set of enabled faults.
