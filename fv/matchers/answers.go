@@ -39,6 +39,12 @@ func HaveDatagramsAnsweredWithin(after string, limit time.Duration, opts ...Opti
 	})
 }
 
+// probeSeq names one datagram: its sender and sequence number.
+type probeSeq struct {
+	probe string
+	seq   uint64
+}
+
 // deadline is when HaveDatagramsAnsweredWithin starts judging.
 type deadline struct {
 	after string
@@ -96,19 +102,15 @@ func evalAnswers(w timeline.Window, o options, dl *deadline) (outcome, error) {
 			return outcome{}, fmt.Errorf("the window ends %s, before the deadline %s", w.Relative(w.End), w.Relative(judged))
 		}
 	}
-	type key struct {
-		probe string
-		seq   uint64
-	}
-	replies := map[key]*probe.Event{}
-	recvs := map[key][]string{}
+	replies := map[probeSeq]*probe.Event{}
+	recvs := map[probeSeq][]string{}
 	for i := range w.Events {
 		e := &w.Events[i]
 		switch {
 		case e.Kind == probe.KindReply && from[e.Probe]:
-			replies[key{e.Probe, e.Seq}] = e
+			replies[probeSeq{e.Probe, e.Seq}] = e
 		case e.Kind == probe.KindRecv && e.Proto == "udp" && from[e.From]:
-			k := key{e.From, e.Seq}
+			k := probeSeq{e.From, e.Seq}
 			recvs[k] = append(recvs[k], e.Backend)
 		}
 	}
@@ -126,7 +128,7 @@ func evalAnswers(w timeline.Window, o options, dl *deadline) (outcome, error) {
 		if e.Kind != probe.KindSent || !from[e.Probe] || e.Time < measured {
 			continue
 		}
-		k := key{e.Probe, e.Seq}
+		k := probeSeq{e.Probe, e.Seq}
 		d := datagram{sent: e, reply: replies[k], recv: recvs[k]}
 		wrong := slices.ContainsFunc(d.recv, func(b string) bool { return !allowed(b) })
 		switch {
@@ -204,6 +206,7 @@ func evalAnswers(w timeline.Window, o options, dl *deadline) (outcome, error) {
 		{Name: "max_schedule_gap", Value: msf(blind), Unit: "ms", Budget: budget(msf(o.maxBlind)),
 			Text: fmt.Sprintf("longest time without a datagram %s (instrument limit %s)", fmtMs(blind), fmtMs(o.maxBlind))},
 	}}
+	out.figures = append(out.figures, silence(w, from, replies))
 	if dl != nil {
 		last := Figure{Name: "last_unanswered", Unit: "ms", Budget: budget(msf(dl.limit)),
 			Text: fmt.Sprintf("every datagram sent after %s was answered by %s", dl.after, by)}
@@ -244,6 +247,35 @@ func evalAnswers(w timeline.Window, o options, dl *deadline) (outcome, error) {
 	b.WriteString(answerRuns(w, failed, o))
 	out.detail = b.String()
 	return out, nil
+}
+
+// silence measures the longest run of the window's datagrams (of the senders from)
+// that no server answered: how long the flow was blackholed, wherever it went, and
+// when, relative to the transition. It is measured over the whole window, not judged.
+func silence(w timeline.Window, from map[string]bool, replies map[probeSeq]*probe.Event) Figure {
+	var run, longest []probe.Event
+	last := map[string][]probe.Event{}
+	for _, e := range w.Inside() {
+		if e.Kind != probe.KindSent || !from[e.Probe] {
+			continue
+		}
+		if r := replies[probeSeq{e.Probe, e.Seq}]; r != nil && r.Outcome == probe.OK {
+			last[e.Probe] = nil
+			continue
+		}
+		run = append(last[e.Probe], e)
+		last[e.Probe] = run
+		if len(run) > len(longest) {
+			longest = run
+		}
+	}
+	if len(longest) == 0 {
+		return Figure{Name: "longest_unanswered", Unit: "ms", Text: "every datagram in the window was answered"}
+	}
+	first, end := longest[0], longest[len(longest)-1]
+	d := end.Time.Sub(first.Time)
+	return Figure{Name: "longest_unanswered", Value: msf(d), Unit: "ms",
+		Text: fmt.Sprintf("longest run without an answer: %d datagrams over %s, #%d..#%d, from %s", len(longest), fmtMs(d), first.Seq, end.Seq, w.Relative(first.Time))}
 }
 
 // longestGapIn is the longest stretch from start to end without a time of ts

@@ -135,6 +135,12 @@ func TestHaveDatagramsAnsweredWithin(t *testing.T) {
 		pass:    true, verdict: matchers.Pass, figure: "last_unanswered", figureVal: 48,
 		contains: []string{"the first answered by new was #926, sent 50.0 ms after endpoints-updated"},
 	}, {
+		name:    "measures how long the flow went unanswered, wherever it went",
+		build:   func(tl *timeline.Timeline) { udpAnswers(tl, moved(50)) },
+		matcher: byNew(time.Second),
+		pass:    true, verdict: matchers.Pass, figure: "longest_unanswered", figureVal: 48,
+		contains: []string{"longest run without an answer: 25 datagrams over 48.0 ms, #901..#925, from +0.0 ms after endpoints-updated"},
+	}, {
 		name:    "fails when the flow stays pinned to the removed backend",
 		build:   func(tl *timeline.Timeline) { udpAnswers(tl, moved(1e6)) },
 		matcher: byNew(time.Second),
