@@ -48,6 +48,14 @@ type Budgets struct {
 	// longer has, and a new Service must answer; a Service switched to its new
 	// backends delete-then-add may fail a few connections until then.
 	ReconcileWithin time.Duration `budget:"reconcile-within"`
+	// UDPRepoint is how soon after the EndpointSlices stop listing a UDP flow's
+	// backend the flow (one 5-tuple) must reach a backend that is listed: the
+	// dataplane's sync after an endpoint change, with the deletion of the flow's
+	// conntrack entries. kube-proxy's syncs are minSyncPeriod (1 s by default) apart,
+	// and a backend's removal comes right after the sync that added its successor:
+	// it moved the flow 0.99-1.03 s after the update (refdp: before the suite saw the
+	// update); the budget is that period twice, for a busy node's slower syncs.
+	UDPRepoint time.Duration `budget:"udp-repoint"`
 	// Ready bounds every wait for an agent to report ready, at set-up and after each
 	// start of a transition. An agent that is not ready by then fails the spec.
 	Ready time.Duration `budget:"ready"`
@@ -95,6 +103,7 @@ var DefaultBudgets = Budgets{
 	AliveWithin:      500 * time.Millisecond,
 	EndWithin:        2 * time.Second,
 	ReconcileWithin:  time.Second,
+	UDPRepoint:       2 * time.Second,
 	Ready:            60 * time.Second,
 	Programmed:       10 * time.Second,
 	SwitchMaxGap:     time.Second,

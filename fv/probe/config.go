@@ -131,6 +131,14 @@ type UDP struct {
 	// NewSocket sends each datagram from a new socket (a new source port, so a new
 	// flow for the dataplane) instead of one socket for the whole run.
 	NewSocket bool
+	// Replies reports every answer that comes back on the socket (the serve role
+	// answers each datagram) as a KindReply event: which server answered, from which
+	// address. Not with NewSocket.
+	Replies bool
+	// Timeout is how long, with Replies, a datagram waits for its answer: a later one
+	// is not reported, and the datagram counts as unanswered. Default
+	// DefaultConnectTimeout.
+	Timeout time.Duration
 	// Count stops the probe after this many datagrams; 0 runs until stopped.
 	Count int
 	// Report is the period of watermarks; default DefaultReport.
@@ -264,6 +272,8 @@ func (c UDP) Args() []string {
 	}
 	a.dur("interval", c.Interval)
 	a.flag("new-socket", c.NewSocket)
+	a.flag("replies", c.Replies)
+	a.dur("timeout", c.Timeout)
 	a.num("count", c.Count)
 	a.dur("report", c.Report)
 	return a
@@ -396,8 +406,11 @@ func (c UDP) Validate() error {
 			return err
 		}
 	}
-	if c.Count < 0 {
-		return errors.New("count must not be negative")
+	if c.Count < 0 || c.Timeout < 0 {
+		return errors.New("count and timeout must not be negative")
+	}
+	if c.Replies && c.NewSocket {
+		return errors.New("replies are read on the probe's one socket: not with new-socket")
 	}
 	return errors.Join(checkInterval("interval", c.Interval), checkInterval("report", c.Report))
 }
@@ -463,6 +476,9 @@ func (c Stream) withDefaults() Stream {
 
 func (c UDP) withDefaults() UDP {
 	c.Interval = or(c.Interval, DefaultUDPEvery)
+	if c.Replies {
+		c.Timeout = or(c.Timeout, DefaultConnectTimeout)
+	}
 	c.Report = or(c.Report, DefaultReport)
 	for i := range c.To {
 		if c.To[i].Label == "" {
@@ -580,6 +596,8 @@ func parseConfig(role Role, argv []string, stderr io.Writer) (Config, error) {
 		fs.Var(destFlag{&c.To}, "to", "destination label=ip:port (repeatable, served round-robin)")
 		fs.DurationVar(&c.Interval, "interval", DefaultUDPEvery, "interval between datagrams")
 		fs.BoolVar(&c.NewSocket, "new-socket", false, "a new socket (source port) for every datagram")
+		fs.BoolVar(&c.Replies, "replies", false, "report the answers that come back on the socket")
+		fs.DurationVar(&c.Timeout, "timeout", 0, "with -replies, how long a datagram waits for its answer (default 1s)")
 		fs.IntVar(&c.Count, "count", 0, "stop after this many datagrams (0: until stopped)")
 		fs.DurationVar(&c.Report, "report", DefaultReport, "watermark period")
 		cfg = c

@@ -16,7 +16,10 @@
 //     interval (default 5 ms). Echoes are summarised per report period; every gap
 //     over the gap threshold, and every end of a stream, is its own event.
 //   - udp: sequence-numbered datagrams sent round-robin to several destinations (S and
-//     D alternately), one per interval (default 1 ms), from the first packet possible.
+//     D alternately), one per interval (default 1 ms), from the first packet possible,
+//     on one socket (one 5-tuple per destination) or each from a new one. With
+//     Replies it reports every answer that comes back, and who sent it: the server
+//     that answered, and from which address (a Service's frontend, or not).
 //   - reach: one row of a connectivity matrix (a NetworkPolicy truth table): each of
 //     many labelled targets tried once, up to ReachParallel at a time, one "reach"
 //     event per target, then the probe exits by itself. TCP: one connection, request
@@ -41,7 +44,7 @@
 // Every line is one Event (see its fields and the Kind constants), with short keys:
 //
 //	t     CLOCK_MONOTONIC ns: when the attempt started (or the event happened)
-//	k     kind: ready attempt open echo gap end sent recv reach mark error done (exit)
+//	k     kind: ready attempt open echo gap end sent reply recv reach mark error done (exit)
 //	p     probe name (in "ready"; the suite's Process sets it on every event)
 //	role  pid  seq  s (stream, from 1)  o (outcome)  lat (ns)  t1 (end, ns)  n (count)
 //	gap (ns)  gt (gap start)  b (backend that answered)  dst (target address or label)
@@ -54,6 +57,7 @@
 //	{"t":1091112681572,"k":"attempt","seq":1,"o":"ok","lat":1185984,"b":"pod-a","dst":"10.0.0.1:30080"}
 //	{"t":1091618901251,"k":"attempt","seq":2,"o":"refused","lat":708488,"dst":"10.0.0.1:30080","err":"connect: connection refused (RST or ICMP port unreachable)"}
 //	{"t":1084879605921,"k":"echo","seq":20,"s":1,"t1":1084975336949,"n":20,"gap":5719144,"gt":1084900207041,"b":"pod-a"}
+//	{"t":1085182815389,"k":"reply","seq":1,"o":"ok","lat":412301,"t1":1085183227690,"b":"pod-s","dst":"S","peer":"10.96.0.10:80"}
 //	{"t":1085182815389,"k":"recv","seq":1,"t1":1085182995387,"b":"pod-s","dst":"S","peer":"10.0.0.9:60166","from":"p","proto":"udp"}
 //	{"t":1085201114530,"k":"reach","seq":2,"o":"ok","lat":412301,"n":1,"b":"b","dst":"10.99.0.2:80","label":"y/b TCP/80","peer":"10.99.0.1:41236","proto":"tcp"}
 //	{"t":1085201114872,"k":"reach","seq":3,"o":"timeout","lat":500093412,"n":3,"dst":"10.99.0.3:81","label":"y/c UDP/81","peer":"10.99.0.1:50611","proto":"udp","err":"reply: no answer before the deadline"}

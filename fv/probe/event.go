@@ -42,6 +42,12 @@ const (
 	// KindSent (udp): datagram Seq was sent at Time to Target (a label); Outcome ok, or
 	// the local send error.
 	KindSent Kind = "sent"
+	// KindReply (udp, with Replies): datagram Seq, sent at Time to the destination
+	// labelled Target, was answered at End (Latency after it was sent) by the server
+	// Backend, from the address Peer. Outcome ok, or wrong-reply when Peer is not the
+	// destination's address (a connected client would not have taken it). Answers
+	// later than the probe's timeout, and second answers, are not reported.
+	KindReply Kind = "reply"
 	// KindRecv (serve): the probe received request Seq from the probe named From,
 	// which sent it at Time (the sender's stamp, carried in the request) to the
 	// destination labelled Target; End is when it arrived, Peer the source address

@@ -26,7 +26,7 @@ roles:
   serve    -name N -tcp P[,P] -udp P[,P] [-record-tcp]
   connect  -name N -target HOST:PORT [-interval 2ms] [-timeout 1s] [-count N]
   stream   -name N -target HOST:PORT [-streams K] [-interval 5ms]
-  udp      -name N -to LABEL=IP:PORT [-to ...] [-interval 1ms]
+  udp      -name N -to LABEL=IP:PORT [-to ...] [-interval 1ms] [-new-socket | -replies [-timeout 1s]]
   reach    -name N -target PROTO,IP:PORT,LABEL [-target ...] [-timeout 500ms] [-tries 3]
 
 The probe writes one JSON event per line on stdout and reads commands on stdin:

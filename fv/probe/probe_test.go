@@ -22,6 +22,8 @@ func TestConfigArgsRoundTrip(t *testing.T) {
 		Connect{Name: "ext", Target: "10.0.0.1:30080"},
 		Stream{Name: "st", Target: "[fd00::1]:80", Streams: 8, Interval: 5 * time.Millisecond, GapThreshold: 20 * time.Millisecond},
 		UDP{Name: "p", To: []Destination{{"S", "10.0.0.2:5000"}, {"D", "10.0.0.3:5000"}}, NewSocket: true, Count: 10},
+		UDP{Name: "p", To: []Destination{{"svc", "10.96.0.10:80"}}, Replies: true, Timeout: 200 * time.Millisecond},
+		UDP{Name: "p", To: []Destination{{"svc", "10.96.0.10:80"}}, Replies: true},
 	} {
 		got, err := parseConfig(c.Role(), c.Args(), io.Discard)
 		if err != nil {

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/dpconform/dpconform/fv/monotime"
@@ -17,21 +19,47 @@ type udpSender struct {
 	cfg   UDP
 	em    *emitter
 	addrs []*net.UDPAddr
+	dests []netip.AddrPort // addrs, for telling a reply's source
+
+	// mu is held from a datagram's stamp to its KindSent event, and while a reply is
+	// matched and reported, so that a watermark never passes an event not yet written.
+	mu sync.Mutex
+	// inflight holds, with Replies, the datagrams not answered yet by sequence number,
+	// with their send stamps; mark prunes those whose Timeout has passed.
+	inflight map[uint64]monotime.Time
 }
 
 func newUDPSender(cfg UDP, em *emitter) (*udpSender, error) {
-	u := &udpSender{cfg: cfg, em: em}
+	u := &udpSender{cfg: cfg, em: em, inflight: map[uint64]monotime.Time{}}
 	for _, d := range cfg.To {
 		a, err := net.ResolveUDPAddr("udp", d.Addr)
 		if err != nil {
 			return nil, fmt.Errorf("destination %s: %w", d, err)
 		}
 		u.addrs = append(u.addrs, a)
+		ap := a.AddrPort()
+		u.dests = append(u.dests, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
 	}
 	return u, nil
 }
 
-func (u *udpSender) mark() monotime.Time { return monotime.Now() }
+// mark is now, or with Replies the send stamp of the oldest datagram still waiting
+// for its reply within Timeout: every datagram sent before it has been reported, and
+// so has every reply to one (a reply later than Timeout is not reported).
+func (u *udpSender) mark() monotime.Time {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	now := monotime.Now()
+	m := now
+	for seq, t := range u.inflight {
+		if now.Sub(t) > u.cfg.Timeout {
+			delete(u.inflight, seq)
+			continue
+		}
+		m = min(m, t)
+	}
+	return m
+}
 
 func (u *udpSender) run(ctx context.Context) (int, error) {
 	var conn *net.UDPConn
@@ -44,15 +72,8 @@ func (u *udpSender) run(ctx context.Context) (int, error) {
 		}
 		defer c.Close()
 		conn = c
-		// Replies (the serve role answers every datagram) are not needed; drain them.
-		go func() {
-			buf := make([]byte, 2048)
-			for {
-				if _, _, err := c.ReadFromUDP(buf); errors.Is(err, net.ErrClosed) {
-					return
-				}
-			}
-		}()
+		// The serve role answers every datagram: report the answers, or drain them.
+		go u.readReplies(c)
 	}
 	u.em.emit(Event{Time: monotime.Now(), Kind: KindReady, Role: RoleUDP, Probe: u.cfg.Name, PID: os.Getpid(), Count: len(u.addrs)})
 	sched := newSchedule(u.cfg.Interval)
@@ -64,9 +85,13 @@ func (u *udpSender) run(ctx context.Context) (int, error) {
 			break
 		}
 		i := int((seq - 1) % uint64(len(u.addrs)))
-		t0 := monotime.Now()
 		label := u.cfg.To[i].Label
+		u.mu.Lock()
+		t0 := monotime.Now()
 		b := request{kind: reqUDP, from: u.cfg.Name, seq: seq, sent: t0, label: label}.append(buf[:0])
+		if u.cfg.Replies {
+			u.inflight[seq] = t0
+		}
 		var err error
 		if conn != nil {
 			_, err = conn.WriteToUDP(b, u.addrs[i])
@@ -76,12 +101,72 @@ func (u *udpSender) run(ctx context.Context) (int, error) {
 		ev := Event{Time: t0, Kind: KindSent, Seq: seq, Target: label, Outcome: OK}
 		if err != nil {
 			ev.Outcome, ev.Err = classify("send", err)
+			delete(u.inflight, seq)
 		} else {
 			sent++
 		}
 		u.em.emit(ev)
+		u.mu.Unlock()
+	}
+	if u.cfg.Replies {
+		// As a connect probe lets its attempts run to their deadline: the replies to
+		// the last datagrams are still on their way.
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for u.mark(); u.waiting(); u.mark() {
+			<-tick.C
+		}
 	}
 	return sent, nil
+}
+
+// waiting reports whether a datagram still waits for its reply.
+func (u *udpSender) waiting() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return len(u.inflight) > 0
+}
+
+// readReplies reads what comes back on the socket until it is closed and, with
+// Replies, reports each answer to a datagram still waiting for one as a KindReply.
+func (u *udpSender) readReplies(c *net.UDPConn) {
+	buf := make([]byte, 2048)
+	for {
+		n, from, err := c.ReadFromUDPAddrPort(buf)
+		if errors.Is(err, net.ErrClosed) {
+			return
+		}
+		if err != nil || !u.cfg.Replies {
+			continue
+		}
+		t1 := monotime.Now()
+		name, seq, ok := parseReply(buf[:n])
+		if !ok || seq == 0 {
+			continue // not an answer of the line protocol
+		}
+		from = netip.AddrPortFrom(from.Addr().Unmap(), from.Port())
+		u.mu.Lock()
+		if t0, waiting := u.inflight[seq]; waiting {
+			delete(u.inflight, seq)
+			if t1.Sub(t0) <= u.cfg.Timeout {
+				u.em.emit(u.reply(seq, t0, t1, name, from))
+			}
+		}
+		u.mu.Unlock()
+	}
+}
+
+// reply is the KindReply event of datagram seq, sent at t0 and answered at t1 by the
+// server name from the address from.
+func (u *udpSender) reply(seq uint64, t0, t1 monotime.Time, name string, from netip.AddrPort) Event {
+	i := int((seq - 1) % uint64(len(u.addrs)))
+	ev := Event{Time: t0, Kind: KindReply, Seq: seq, End: t1, Latency: t1.Sub(t0), Backend: name,
+		Peer: from.String(), Target: u.cfg.To[i].Label, Outcome: OK}
+	if from != u.dests[i] {
+		// A client whose socket is connected to the destination would never see it.
+		ev.Outcome, ev.Err = WrongReply, fmt.Sprintf("the reply came from %s, not from the destination %s", from, u.dests[i])
+	}
+	return ev
 }
 
 func sendOnce(to *net.UDPAddr, b []byte) error {

@@ -127,6 +127,7 @@ func (w Window) Excerpt(at monotime.Time, before, after time.Duration, highlight
 		kind    probe.Kind
 		target  string
 		outcome probe.Outcome
+		backend string // answers only: a run of them is one server's
 	}
 	groups := map[groupKey][]probe.Event{}
 	var order []groupKey
@@ -167,7 +168,10 @@ func (w Window) Excerpt(at monotime.Time, before, after time.Duration, highlight
 		}
 		hl := highlight != nil && highlight(*e)
 		if !hl && routine(*e) {
-			k := groupKey{e.Probe, e.Kind, e.Target, e.Outcome}
+			k := groupKey{e.Probe, e.Kind, e.Target, e.Outcome, ""}
+			if e.Kind == probe.KindReply {
+				k.backend = e.Backend
+			}
 			if _, ok := groups[k]; !ok {
 				order = append(order, k)
 			}
@@ -210,7 +214,7 @@ func (w Window) Excerpt(at monotime.Time, before, after time.Duration, highlight
 // routine events are grouped in an excerpt unless highlighted.
 func routine(e probe.Event) bool {
 	switch e.Kind {
-	case probe.KindAttempt, probe.KindSent, probe.KindRecv:
+	case probe.KindAttempt, probe.KindSent, probe.KindReply, probe.KindRecv:
 		return true
 	}
 	return false
@@ -239,6 +243,11 @@ func describeRun(run []probe.Event, span time.Duration) string {
 			first.Seq, last.Seq, len(run), ms(span), float64(minLat)/1e6, float64(maxLat)/1e6, strings.Join(names, ","))
 	case first.Kind == probe.KindSent:
 		return fmt.Sprintf("datagrams #%d..#%d to %s sent (%d over %s)", first.Seq, last.Seq, first.Target, len(run), ms(span))
+	case first.Kind == probe.KindReply && first.Outcome != probe.OK:
+		return fmt.Sprintf("datagrams #%d..#%d to %s answered by %s: %s (%d over %s; %s)", first.Seq, last.Seq, first.Target, first.Backend, fail, len(run), ms(span), first.Err)
+	case first.Kind == probe.KindReply:
+		return fmt.Sprintf("datagrams #%d..#%d to %s answered by %s (%d over %s; latency %.2f-%.2f ms)",
+			first.Seq, last.Seq, first.Target, first.Backend, len(run), ms(span), float64(minLat)/1e6, float64(maxLat)/1e6)
 	default:
 		return fmt.Sprintf("received %d requests from %s (#%d..#%d%s) over %s", len(run), first.From, first.Seq, last.Seq, strings.TrimSuffix(", to "+first.Target, ", to "), ms(span))
 	}
@@ -274,6 +283,11 @@ func Describe(e probe.Event) string {
 			return fmt.Sprintf("datagram #%d to %s sent", e.Seq, e.Target)
 		}
 		return fmt.Sprintf("datagram #%d to %s NOT SENT: %s (%s)", e.Seq, e.Target, fail, e.Err)
+	case probe.KindReply:
+		if e.Outcome == probe.OK {
+			return fmt.Sprintf("datagram #%d to %s answered by %s after %s", e.Seq, e.Target, e.Backend, ms(e.Latency))
+		}
+		return fmt.Sprintf("datagram #%d to %s answered by %s after %s: %s (%s)", e.Seq, e.Target, e.Backend, ms(e.Latency), fail, e.Err)
 	case probe.KindRecv:
 		to := ""
 		if e.Target != "" {

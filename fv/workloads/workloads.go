@@ -61,9 +61,9 @@ func Direct(p topologies.Pod) string {
 	return net.JoinHostPort(p.IP().String(), strconv.Itoa(EchoPort))
 }
 
-// AddBackend adds a pod on node that serves TCP on EchoPort under its own name, and
-// returns it with its server (stop the server to close its sockets, as a kubelet
-// stopping the container does).
+// AddBackend adds a pod on node that serves TCP and UDP on EchoPort under its own
+// name, and returns it with its server (stop the server to close its sockets, as a
+// kubelet stopping the container does).
 func AddBackend(ctx context.Context, w *harness.World, name, node string, labels map[string]string) (topologies.Pod, *probe.Process, error) {
 	return addBackend(ctx, w, name, node, labels, false)
 }
@@ -78,11 +78,11 @@ func AddRecordingBackend(ctx context.Context, w *harness.World, name, node strin
 
 func addBackend(ctx context.Context, w *harness.World, name, node string, labels map[string]string, record bool) (topologies.Pod, *probe.Process, error) {
 	p, err := w.Topo.AddPod(ctx, topologies.PodSpec{Name: name, Node: node, Labels: labels,
-		Ports: []topologies.ContainerPort{{Name: "echo", Port: EchoPort}}})
+		Ports: []topologies.ContainerPort{{Name: "echo", Port: EchoPort}, {Name: "echo-udp", Port: EchoPort, Protocol: "UDP"}}})
 	if err != nil {
 		return nil, nil, fmt.Errorf("add backend %s: %w", name, err)
 	}
-	srv, err := w.StartProbe(ctx, p, probe.Serve{Name: name, TCP: []int{EchoPort}, RecordTCP: record})
+	srv, err := w.StartProbe(ctx, p, probe.Serve{Name: name, TCP: []int{EchoPort}, UDP: []int{EchoPort}, RecordTCP: record})
 	if err != nil {
 		return nil, nil, fmt.Errorf("serve on %s: %w", name, err)
 	}
@@ -90,14 +90,25 @@ func addBackend(ctx context.Context, w *harness.World, name, node string, labels
 }
 
 // AddService creates a NodePort Service in the default namespace that selects
-// selector on EchoPort, and waits until its EndpointSlices list exactly backends.
+// selector on EchoPort (TCP), and waits until its EndpointSlices list exactly
+// backends.
 func AddService(ctx context.Context, w *harness.World, name string, selector map[string]string, backends ...topologies.Pod) (Service, error) {
+	return addService(ctx, w, name, corev1.ProtocolTCP, selector, backends)
+}
+
+// AddUDPService is AddService for UDP: the Service's one port, ServicePort/UDP,
+// selects EchoPort/UDP.
+func AddUDPService(ctx context.Context, w *harness.World, name string, selector map[string]string, backends ...topologies.Pod) (Service, error) {
+	return addService(ctx, w, name, corev1.ProtocolUDP, selector, backends)
+}
+
+func addService(ctx context.Context, w *harness.World, name string, proto corev1.Protocol, selector map[string]string, backends []topologies.Pod) (Service, error) {
 	svc, err := topologies.CreateService(ctx, w.Topo.Kube(), &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: name},
 		Spec: corev1.ServiceSpec{
 			Type:     corev1.ServiceTypeNodePort,
 			Selector: selector,
-			Ports:    []corev1.ServicePort{{Name: "echo", Port: ServicePort, TargetPort: intstr.FromInt32(EchoPort), Protocol: corev1.ProtocolTCP}},
+			Ports:    []corev1.ServicePort{{Name: "echo", Port: ServicePort, TargetPort: intstr.FromInt32(EchoPort), Protocol: proto}},
 		},
 	})
 	if err != nil {
@@ -185,6 +196,51 @@ func WaitFlowing(ctx context.Context, w *harness.World, fl Flow, warm Warm) erro
 			ErrNotFlowing, fl.Name, fl.Target, fl.From.Name(), warm.Streak, to, warm.Within, lastText)
 	case <-ctx.Done():
 		return ctx.Err()
+	}
+}
+
+// WaitUDPFlowing is WaitFlowing for a UDP flow: rounds of warm.Streak datagrams, each
+// from a new socket (a new flow for the dataplane) and all at once, until one round
+// is answered by fl's backend (any, when empty) in every datagram, from fl.Target's
+// address, within warm.Within. A round's datagram waits probe.DefaultReachTimeout
+// for its answer. New sockets, because a flow that starts before its Service is
+// programmed may be tracked unNATed, and stay so: that is not what a spec measures.
+func WaitUDPFlowing(ctx context.Context, w *harness.World, fl Flow, warm Warm) error {
+	deadline := time.Now().Add(warm.Within)
+	targets := make([]probe.Target, warm.Streak)
+	for i := range targets {
+		targets[i] = probe.Target{Label: strconv.Itoa(i + 1), Proto: "udp", Addr: fl.Target}
+	}
+	for round := 1; ; round++ {
+		evs, err := w.Reach(ctx, fl.From, probe.Reach{Name: fmt.Sprintf("warm-up-%s-%d", fl.Name, round), Targets: targets, Tries: 1})
+		if err != nil {
+			return err
+		}
+		var bad *probe.Event
+		for i, e := range evs {
+			if e.Outcome != probe.OK || (fl.Backend != "" && e.Backend != fl.Backend) {
+				bad = &evs[i]
+				break
+			}
+		}
+		if bad == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			to := "any backend"
+			if fl.Backend != "" {
+				to = fl.Backend
+			}
+			last := string(bad.Outcome)
+			if bad.Backend != "" {
+				last += " from " + bad.Backend
+			}
+			if bad.Err != "" {
+				last += " (" + bad.Err + ")"
+			}
+			return fmt.Errorf("%w: %s (UDP to %s from %s): no round of %d datagrams from new sockets was answered by %s in full within %s of the API listing its backends; last round's first miss: %s",
+				ErrNotFlowing, fl.Name, fl.Target, fl.From.Name(), warm.Streak, to, warm.Within, last)
+		}
 	}
 }
 

@@ -92,10 +92,29 @@ func TestFixturesOnABareTopology(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	warm := workloads.Warm{Streak: 5, Interval: 10 * time.Millisecond, Within: time.Second}
 	start := time.Now()
-	err = workloads.WaitFlowing(ctx, w, workloads.Flow{Name: "clusterip", From: from.Pod, Target: svc.ClusterIPAddr()},
-		workloads.Warm{Streak: 5, Interval: 10 * time.Millisecond, Within: time.Second})
+	err = workloads.WaitFlowing(ctx, w, workloads.Flow{Name: "clusterip", From: from.Pod, Target: svc.ClusterIPAddr()}, warm)
 	if !errors.Is(err, workloads.ErrNotFlowing) || time.Since(start) > 5*time.Second {
 		t.Errorf("WaitFlowing without a dataplane = %v after %s, want ErrNotFlowing within its 1 s budget", err, time.Since(start))
+	}
+
+	// A backend serves UDP too, under its name: a direct UDP flow to it warms up; its
+	// UDP Service, without a dataplane, does not.
+	be, _, err := workloads.AddBackend(ctx, w, "udp-backend", topo.Nodes()[1].Name(), map[string]string{"app": "udp-backend"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := workloads.WaitUDPFlowing(ctx, w, workloads.Flow{Name: "direct-udp", From: from.Pod, Target: workloads.Direct(be), Backend: be.Name()}, warm); err != nil {
+		t.Errorf("WaitUDPFlowing to a backend's own address: %v", err)
+	}
+	usvc, err := workloads.AddUDPService(ctx, w, "nothing-udp", map[string]string{"app": "udp-backend"}, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start = time.Now()
+	err = workloads.WaitUDPFlowing(ctx, w, workloads.Flow{Name: "clusterip-udp", From: from.Pod, Target: usvc.ClusterIPAddr(), Backend: be.Name()}, warm)
+	if !errors.Is(err, workloads.ErrNotFlowing) || time.Since(start) > 5*time.Second {
+		t.Errorf("WaitUDPFlowing without a dataplane = %v after %s, want ErrNotFlowing within its 1 s budget", err, time.Since(start))
 	}
 }

@@ -31,7 +31,10 @@
 //  7. write service NAT state: after the chains, because a packet the datapath NATs
 //     is accepted in FORWARD only by refdp's chains (kube-proxy's FORWARD accepts
 //     what kube-proxy's own NAT marked, or established flows). Before this step the
-//     datapath NATs nothing, and kube-proxy's rules still NAT new connections;
+//     datapath NATs nothing, and kube-proxy's rules still NAT new connections. Then
+//     delete the conntrack entries of UDP flows DNATed to backends their frontends
+//     no longer have: after the frontends point at their new backends, so that the
+//     next datagram of such a flow picks one of those;
 //  8. after the first complete round, once: remove kube-proxy's rules, if any. Only
 //     now does the datapath NAT every service, and do refdp's chains accept what
 //     kube-proxy's FORWARD accepted: flows that predate the datapath (fallthrough
@@ -144,6 +147,9 @@ type Agent struct {
 	// service applies delete nothing).
 	servicesChanged atomic.Bool
 	warnedAdopt     bool
+	// staleUDP are the UDP backends removed from their frontends whose flows'
+	// conntrack entries are still to be deleted.
+	staleUDP        []bpf.DNATFlows
 	tookOver        bool // kube-proxy's rules removed (or found absent)
 	ready           bool
 	lastSyncError   string
@@ -836,6 +842,33 @@ func (a *Agent) syncServices(hostIPs []netip.Addr, hostsOK bool) error {
 		n, err := a.purgeConntrack(st.Rebuilt)
 		a.log.Warn("fault: service rebuilt in place, its conntrack entries purged", "fault", faults.RebuildBackendsInPlace, "services", st.Rebuilt, "entries", n, "err", err)
 	}
+	a.staleUDP = append(a.staleUDP, st.StaleUDP...)
+	return a.forgetStaleUDP()
+}
+
+// forgetStaleUDP deletes the conntrack entries of UDP flows DNATed to backends their
+// frontends no longer have (step 7, once the frontends point at their new backends):
+// a UDP client that keeps its 5-tuple has no handshake that would pick a backend
+// again, so its flow would go to the removed backend for as long as the entry lives.
+// TCP flows are left alone: the removed backend's RST or FIN ends them, and a new
+// SYN on their tuple picks a backend again. This is kube-proxy's conntrack cleanup.
+// What could not be deleted is tried again next round.
+func (a *Agent) forgetStaleUDP() error {
+	stale := a.staleUDP
+	if len(stale) == 0 {
+		return nil
+	}
+	if a.cfg.Faults.Has(faults.KeepUDPConntrackOnBackendRemoval) {
+		a.log.Warn("fault: UDP flows to removed backends keep their conntrack entries", "fault", faults.KeepUDPConntrackOnBackendRemoval, "backends", fmt.Sprint(stale))
+		a.staleUDP = nil
+		return nil
+	}
+	n, err := a.dp.DeleteDNATFlows(stale)
+	if err != nil {
+		return fmt.Errorf("delete the conntrack entries of UDP flows to removed backends %v: %w", stale, err)
+	}
+	a.log.Info("deleted the conntrack entries of UDP flows to removed backends", "backends", fmt.Sprint(stale), "entries", n)
+	a.staleUDP = nil
 	return nil
 }
 

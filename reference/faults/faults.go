@@ -26,6 +26,12 @@ const (
 	// conntrack entries of its flows are dropped with it, so established flows to the
 	// backends that stay lose their NAT state.
 	RebuildBackendsInPlace = "rebuild-backends-in-place"
+	// KeepUDPConntrackOnBackendRemoval: when a backend leaves a Service, the agent
+	// does not delete the conntrack entries of the UDP flows DNATed to it, so a UDP
+	// client that keeps its 5-tuple goes on being sent to the removed backend, a
+	// blackhole, for as long as it keeps sending (kubernetes issue 59368, the stale
+	// UDP conntrack kube-proxy deletes).
+	KeepUDPConntrackOnBackendRemoval = "keep-udp-conntrack-on-backend-removal"
 	// NoForwardFallthroughAccept: FORWARD lacks the accept for fallthrough packets of
 	// flows the Linux stack's conntrack knows (INPUT keeps its own), so a flow that
 	// predates the datapath and is forwarded from the host interface back out of it,
@@ -97,24 +103,25 @@ const (
 )
 
 var known = map[string]string{
-	EagerServiceSync:              "service syncer applies before host IPs are known; host-IP discovery is late (Calico 12192)",
-	FlushNATOnStart:               "the agent empties the NAT frontend and backend maps when it starts",
-	UnpinnedConntrack:             "conntrack state does not survive an agent restart",
-	RebuildBackendsInPlace:        "a backend change deletes and re-creates the service in place, conntrack entries included",
-	NoForwardFallthroughAccept:    "FORWARD has no accept for fallthrough packets of flows Linux conntrack knows (Calico PR 13778)",
-	NoKubeProxyCleanup:            "kube-proxy's rules are never removed",
-	CleanupBeforeAttach:           "kube-proxy's rules are removed at start, before programs are attached and services written",
-	FlushConntrackOnTakeover:      "taking over from kube-proxy flushes the Linux conntrack table its NAT filled",
-	DropClusterIPFrontendsOnStart: "on start the agent keeps only the frontends on its host IPs and deletes the ClusterIPs until its first sync",
-	IgnoreIPBlockExcept:           "the policy compiler drops ipBlock.except: the whole cidr is admitted",
-	NamedPortsUnresolved:          "the policy compiler skips ports given by name: a named-port rule admits nothing on them",
-	EgressIgnoresPorts:            "the policy compiler builds egress rules without their ports: any port to an allowed peer",
-	AttachBeforeIPSets:            "new endpoints attached and their gates opened before the IP sets and their peers' policies are written (Calico PR 12164)",
-	RedirectBeforePolicy:          "new endpoints attached and their gates opened without their policy, written only after iptables (Calico 6241)",
-	DeleteThenAddPolicy:           "a NetworkPolicy update is applied as a delete and an add, each in its own round",
-	OpenWhileRestarting:           "on start every pinned endpoint is re-attached from scratch without policy, until the first complete round",
-	ReadyBeforeFirstApply:         "the agent reports ready once it has adopted the pinned datapath, before its first complete round writes what the API holds",
-	AdoptWithoutReconcile:         "pinned service maps adopted on start; what was deleted while down stays until a Service or EndpointSlice changes",
+	EagerServiceSync:                 "service syncer applies before host IPs are known; host-IP discovery is late (Calico 12192)",
+	FlushNATOnStart:                  "the agent empties the NAT frontend and backend maps when it starts",
+	UnpinnedConntrack:                "conntrack state does not survive an agent restart",
+	RebuildBackendsInPlace:           "a backend change deletes and re-creates the service in place, conntrack entries included",
+	KeepUDPConntrackOnBackendRemoval: "UDP flows to a backend removed from a Service keep their conntrack entries, and go on to it",
+	NoForwardFallthroughAccept:       "FORWARD has no accept for fallthrough packets of flows Linux conntrack knows (Calico PR 13778)",
+	NoKubeProxyCleanup:               "kube-proxy's rules are never removed",
+	CleanupBeforeAttach:              "kube-proxy's rules are removed at start, before programs are attached and services written",
+	FlushConntrackOnTakeover:         "taking over from kube-proxy flushes the Linux conntrack table its NAT filled",
+	DropClusterIPFrontendsOnStart:    "on start the agent keeps only the frontends on its host IPs and deletes the ClusterIPs until its first sync",
+	IgnoreIPBlockExcept:              "the policy compiler drops ipBlock.except: the whole cidr is admitted",
+	NamedPortsUnresolved:             "the policy compiler skips ports given by name: a named-port rule admits nothing on them",
+	EgressIgnoresPorts:               "the policy compiler builds egress rules without their ports: any port to an allowed peer",
+	AttachBeforeIPSets:               "new endpoints attached and their gates opened before the IP sets and their peers' policies are written (Calico PR 12164)",
+	RedirectBeforePolicy:             "new endpoints attached and their gates opened without their policy, written only after iptables (Calico 6241)",
+	DeleteThenAddPolicy:              "a NetworkPolicy update is applied as a delete and an add, each in its own round",
+	OpenWhileRestarting:              "on start every pinned endpoint is re-attached from scratch without policy, until the first complete round",
+	ReadyBeforeFirstApply:            "the agent reports ready once it has adopted the pinned datapath, before its first complete round writes what the API holds",
+	AdoptWithoutReconcile:            "pinned service maps adopted on start; what was deleted while down stays until a Service or EndpointSlice changes",
 }
 
 // Set is a set of enabled faults.

@@ -3,7 +3,9 @@ package services
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 
 	"github.com/dpconform/dpconform/bpf"
 	"github.com/dpconform/dpconform/reference/cachingmap"
@@ -63,10 +65,52 @@ type Stats struct {
 	// Rebuilt are the service IDs rebuilt in place (the fault only); their flows'
 	// conntrack entries are stale.
 	Rebuilt []uint32
+	// StaleUDP are the backends that UDP frontends had before the Apply and no
+	// longer have (the backend left the Service, or the frontend went): the
+	// conntrack entries of flows DNATed from such a frontend to such a backend
+	// still send them there, for as long as the client keeps its 5-tuple (UDP has
+	// no handshake that would pick a backend again). The caller deletes them. They
+	// are read from the maps as written, so an Apply that failed half-way names
+	// what it did change.
+	StaleUDP []bpf.DNATFlows
 }
 
 func (s Stats) String() string {
-	return fmt.Sprintf("frontends +%d -%d, backends +%d -%d, rebuilt %v", s.FrontendsWritten, s.FrontendsDeleted, s.BackendsWritten, s.BackendsDeleted, s.Rebuilt)
+	return fmt.Sprintf("frontends +%d -%d, backends +%d -%d, rebuilt %v, UDP backends gone %d",
+		s.FrontendsWritten, s.FrontendsDeleted, s.BackendsWritten, s.BackendsDeleted, s.Rebuilt, len(s.StaleUDP))
+}
+
+// udpBackends returns the backends of every UDP frontend of the maps.
+func udpBackends(fe map[bpf.FrontendKey]bpf.FrontendValue, be map[bpf.BackendKey]bpf.BackendValue) map[bpf.FrontendKey][]bpf.BackendValue {
+	out := map[bpf.FrontendKey][]bpf.BackendValue{}
+	for f, v := range fe {
+		if f.Proto != bpf.UDP {
+			continue
+		}
+		var bs []bpf.BackendValue
+		for i := uint32(0); i < v.BackendCount; i++ {
+			if b, ok := be[bpf.BackendKey{ServiceID: v.ServiceID, Index: i}]; ok {
+				bs = append(bs, b)
+			}
+		}
+		out[f] = bs
+	}
+	return out
+}
+
+// staleUDP lists the backends of before that each frontend no longer has in after,
+// sorted.
+func staleUDP(before, after map[bpf.FrontendKey][]bpf.BackendValue) []bpf.DNATFlows {
+	var out []bpf.DNATFlows
+	for f, bs := range before {
+		for _, b := range bs {
+			if !slices.Contains(after[f], b) {
+				out = append(out, bpf.DNATFlows{Frontend: f, Backend: b})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b bpf.DNATFlows) int { return strings.Compare(a.String(), b.String()) })
+	return out
 }
 
 // Apply writes d. Deletions happen only when complete is true: the caller knows the
@@ -79,6 +123,8 @@ func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
 	var dpBE map[bpf.BackendKey]bpf.BackendValue
 	s.frontends.View(func(m map[bpf.FrontendKey]bpf.FrontendValue) { dpFE = m })
 	s.backends.View(func(m map[bpf.BackendKey]bpf.BackendValue) { dpBE = m })
+	// What UDP flows may be DNATed to now: the views change as the Apply writes.
+	udpBefore := udpBackends(dpFE, dpBE)
 	used := map[uint32]bool{}
 	for _, v := range dpFE {
 		used[v.ServiceID] = true
@@ -183,7 +229,7 @@ func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
 	st.BackendsWritten, errs = n, append(errs, err)
 	if err != nil {
 		// Frontends must not point at backends that are not there.
-		return st, errors.Join(errs...)
+		return s.staleUDP(st, udpBefore), errors.Join(errs...)
 	}
 	n, err = s.frontends.ApplyUpdates()
 	st.FrontendsWritten, errs = n, append(errs, err)
@@ -195,7 +241,20 @@ func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
 			st.BackendsDeleted, errs = n, append(errs, err)
 		}
 	}
-	return st, errors.Join(errs...)
+	return s.staleUDP(st, udpBefore), errors.Join(errs...)
+}
+
+// staleUDP sets st.StaleUDP to the backends of before that the UDP frontends no
+// longer have, as far as the maps were written: every frontend written points at its
+// new backends only, so a flow whose conntrack entries are deleted from now on picks
+// one of those.
+func (s *Syncer) staleUDP(st Stats, before map[bpf.FrontendKey][]bpf.BackendValue) Stats {
+	var fe map[bpf.FrontendKey]bpf.FrontendValue
+	var be map[bpf.BackendKey]bpf.BackendValue
+	s.frontends.View(func(m map[bpf.FrontendKey]bpf.FrontendValue) { fe = m })
+	s.backends.View(func(m map[bpf.BackendKey]bpf.BackendValue) { be = m })
+	st.StaleUDP = staleUDP(before, udpBackends(fe, be))
+	return st
 }
 
 // Frontends returns what the frontend map holds, as far as the Syncer knows.

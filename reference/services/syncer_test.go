@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 
@@ -173,5 +174,86 @@ func TestRebuildInPlaceFault(t *testing.T) {
 	}
 	if !strings.HasPrefix(w.log[0], "delete be") {
 		t.Fatalf("the fault empties the backend slots first: %v", w.log)
+	}
+}
+
+func udpSvc() *corev1.Service {
+	s := nodePortSvc()
+	s.Spec.Ports[0].Name, s.Spec.Ports[0].Protocol = "dns", corev1.ProtocolUDP
+	return s
+}
+
+func udpSlice(ips ...netip.Addr) *discoveryv1.EndpointSlice {
+	s := slice(ips...)
+	s.Ports[0].Name, s.Ports[0].Protocol = ptr.To("dns"), ptr.To(corev1.ProtocolUDP)
+	return s
+}
+
+// A UDP flow keeps the backend its conntrack entry names: the syncer reports each
+// backend a UDP frontend loses (the backend removed, or the frontend gone), so that
+// the agent deletes those flows' entries, once, and nothing when a backend stays, is
+// only added, or serves TCP. A restarted agent reports what changed while it was down.
+func TestStaleUDPBackends(t *testing.T) {
+	host := []netip.Addr{hostIP}
+	stale := func(fes []bpf.FrontendKey, b netip.Addr) []bpf.DNATFlows {
+		var out []bpf.DNATFlows
+		for _, f := range fes {
+			out = append(out, bpf.DNATFlows{Frontend: f, Backend: bpf.BackendValue{Addr: b, Port: 8080}})
+		}
+		return out
+	}
+	udpFEs := []bpf.FrontendKey{{Addr: hostIP, Port: 30080, Proto: bpf.UDP}, {Addr: clusterIP, Port: 80, Proto: bpf.UDP}} // sorted
+	tcpSvc := nodePortSvc()
+	tcpSvc.Name = "web-tcp"
+	tcpSlice := slice(podA)
+	tcpSlice.Labels[discoveryv1.LabelServiceName] = "web-tcp"
+	tcpSlice.Name = "web-tcp-x"
+	tcpSlice2 := slice()
+	tcpSlice2.Labels[discoveryv1.LabelServiceName] = "web-tcp"
+	tcpSlice2.Name = "web-tcp-x"
+	tcpSvc.Spec.ClusterIP, tcpSvc.Spec.ClusterIPs = "10.96.0.11", []string{"10.96.0.11"}
+	tcpSvc.Spec.Ports[0].NodePort = 30081
+
+	w := newWorld()
+	s, _ := NewSyncer(w.fe, w.be, SyncerOptions{})
+	for _, step := range []struct {
+		name     string
+		svcs     []*corev1.Service
+		slices   []*discoveryv1.EndpointSlice
+		complete bool
+		want     []bpf.DNATFlows
+	}{
+		{"first apply", []*corev1.Service{udpSvc(), tcpSvc}, []*discoveryv1.EndpointSlice{udpSlice(podA), tcpSlice}, true, nil},
+		{"a backend added", []*corev1.Service{udpSvc(), tcpSvc}, []*discoveryv1.EndpointSlice{udpSlice(podA, podB), tcpSlice}, true, nil},
+		{"the first backend removed", []*corev1.Service{udpSvc(), tcpSvc}, []*discoveryv1.EndpointSlice{udpSlice(podB), tcpSlice}, true, stale(udpFEs, podA)},
+		{"nothing changed", []*corev1.Service{udpSvc(), tcpSvc}, []*discoveryv1.EndpointSlice{udpSlice(podB), tcpSlice}, true, nil},
+		{"a TCP backend removed", []*corev1.Service{udpSvc(), tcpSvc}, []*discoveryv1.EndpointSlice{udpSlice(podB), tcpSlice2}, true, nil},
+		// Without the whole view the TCP Service is kept; the UDP one is written.
+		{"the last backend removed, the view incomplete", []*corev1.Service{udpSvc()}, []*discoveryv1.EndpointSlice{udpSlice()}, false, stale(udpFEs, podB)},
+		{"and complete", []*corev1.Service{udpSvc()}, []*discoveryv1.EndpointSlice{udpSlice()}, true, nil},
+		{"a backend again", []*corev1.Service{udpSvc()}, []*discoveryv1.EndpointSlice{udpSlice(podA)}, true, nil},
+		{"the Service deleted", nil, nil, true, stale(udpFEs, podA)},
+	} {
+		st, err := s.Apply(Compute(step.svcs, step.slices, host), step.complete)
+		if err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if !slices.Equal(st.StaleUDP, step.want) {
+			t.Errorf("%s: stale UDP backends %v, want %v", step.name, st.StaleUDP, step.want)
+		}
+	}
+
+	// A backend removed while the agent was down: the next run adopts the maps and
+	// reports it at its first complete apply.
+	if _, err := s.Apply(Compute([]*corev1.Service{udpSvc()}, []*discoveryv1.EndpointSlice{udpSlice(podA, podB)}, host), true); err != nil {
+		t.Fatal(err)
+	}
+	s, _ = NewSyncer(w.fe, w.be, SyncerOptions{})
+	st, err := s.Apply(Compute([]*corev1.Service{udpSvc()}, []*discoveryv1.EndpointSlice{udpSlice(podB)}, host), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := stale(udpFEs, podA); !slices.Equal(st.StaleUDP, want) {
+		t.Errorf("after a restart: stale UDP backends %v, want %v", st.StaleUDP, want)
 	}
 }

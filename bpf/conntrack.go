@@ -1,0 +1,97 @@
+package bpf
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/cilium/ebpf"
+)
+
+// DNATFlows names the flows the programs DNATed from a frontend to one backend.
+type DNATFlows struct {
+	Frontend FrontendKey
+	Backend  BackendValue
+}
+
+// String formats f as frontend->backend.
+func (f DNATFlows) String() string { return f.Frontend.String() + "->" + f.Backend.String() }
+
+// DeleteDNATFlows deletes the conntrack entries of every flow DNATed from one of
+// flows' frontends to its backend: the original entry, the reply entry and, for a
+// NodePort flow SNATed towards a remote backend, its SNAT reply entry. The next
+// packet of such a flow is a new flow for the programs, and picks a backend of its
+// frontend as the frontend map has it then: delete after switching the frontend.
+//
+// This is what a dataplane must do for UDP when a backend leaves a service (as
+// kube-proxy deletes Linux conntrack entries): a UDP flow has no handshake that
+// would pick a backend again, so a client that keeps its 5-tuple is sent to the
+// backend in its entry for as long as the entry lives. It reads the whole table
+// (in batches) once, and returns the number of entries it deleted. Entries a
+// packet refreshes meanwhile are deleted all the same.
+func (d *Datapath) DeleteDNATFlows(flows []DNATFlows) (int, error) {
+	if len(flows) == 0 {
+		return 0, nil
+	}
+	all, err := d.conntrack.All()
+	if err != nil {
+		return 0, fmt.Errorf("delete DNAT flows: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, k := range dnatFlowEntries(all, flows) {
+		switch err := d.conntrack.m.Delete(k); {
+		case err == nil:
+			n++
+		case errors.Is(err, ebpf.ErrKeyNotExist): // evicted meanwhile by the LRU
+		default:
+			errs = append(errs, fmt.Errorf("delete conntrack entry %s: %w", k, err))
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+// dnatFlowEntries returns the keys of the entries of table that belong to flows
+// DNATed from one of flows' frontends to its backend (see DeleteDNATFlows).
+func dnatFlowEntries(table map[ConntrackKey]ConntrackValue, flows []DNATFlows) []ConntrackKey {
+	stale := make(map[DNATFlows]bool, len(flows))
+	for _, f := range flows {
+		stale[f] = true
+	}
+	// A SNAT reply entry is keyed backend -> host IP:SNAT port, and names its
+	// client: find it from the reply entry, which has the port.
+	type snatOwner struct {
+		backend, client netip.AddrPort
+		port            uint16
+		proto           Proto
+	}
+	snat := map[snatOwner]ConntrackKey{}
+	for k, v := range table {
+		if v.Flags&ConntrackSNATReply != 0 {
+			snat[snatOwner{netip.AddrPortFrom(k.Src, k.SrcPort), netip.AddrPortFrom(v.NATAddr, v.NATPort), k.DstPort, k.Proto}] = k
+		}
+	}
+	var out []ConntrackKey
+	for k, v := range table {
+		if v.Flags&ConntrackDNAT == 0 || v.Flags&ConntrackSNATReply != 0 {
+			continue
+		}
+		// The original entry is keyed client -> frontend and names the backend;
+		// the reply entry is keyed backend -> client and names the frontend.
+		f := DNATFlows{Frontend: FrontendKey{Addr: k.Dst, Port: k.DstPort, Proto: k.Proto}, Backend: BackendValue{Addr: v.NATAddr, Port: v.NATPort}}
+		if v.Flags&ConntrackReply != 0 {
+			f = DNATFlows{Frontend: FrontendKey{Addr: v.NATAddr, Port: v.NATPort, Proto: k.Proto}, Backend: BackendValue{Addr: k.Src, Port: k.SrcPort}}
+		}
+		if !stale[f] {
+			continue
+		}
+		out = append(out, k)
+		if v.Flags&(ConntrackReply|ConntrackSNAT) == ConntrackReply|ConntrackSNAT {
+			o := snatOwner{netip.AddrPortFrom(k.Src, k.SrcPort), netip.AddrPortFrom(k.Dst, k.DstPort), v.SNATPort, k.Proto}
+			if sk, ok := snat[o]; ok {
+				out = append(out, sk)
+			}
+		}
+	}
+	return out
+}
