@@ -138,7 +138,7 @@ func HaveServedWithin(after string, limit time.Duration, streak int, opts ...Opt
 			latest = max(latest, servedAt.Sub(at))
 		}
 		out := outcome{verdict: Pass, figures: []Figure{
-			{Name: "served_after", Value: msf(latest), Unit: "ms", Budget: budget(msf(limit)),
+			{Name: "time_to_serve", Value: msf(latest), Unit: "ms", Budget: budget(msf(limit)),
 				Text: servedText(latest, never, after, limit)},
 			{Name: "failed_before_served", Value: float64(before), Unit: "attempts",
 				Text: fmt.Sprintf("%d attempts failed between %s and the first of %d in a row that succeeded", before, after, streak)},

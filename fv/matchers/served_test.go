@@ -44,7 +44,7 @@ func TestHaveServedWithin(t *testing.T) {
 		name:    "passes when served soon after the event, whatever failed before it",
 		build:   addressChange(servedFrom(2010, 2500)),
 		matcher: served(),
-		pass:    true, verdict: matchers.Pass, figure: "served_after", figureVal: 10,
+		pass:    true, verdict: matchers.Pass, figure: "time_to_serve", figureVal: 10,
 		contains: []string{"served 10.0 ms after address-added", "5 attempts failed between address-added and the first of 20 in a row"},
 	}, {
 		name: "passes at the streak after a failure that broke a shorter one",
@@ -55,12 +55,12 @@ func TestHaveServedWithin(t *testing.T) {
 			return servedFrom(2010, 2500)(ms)
 		}),
 		matcher: served(),
-		pass:    true, verdict: matchers.Pass, figure: "served_after", figureVal: 32,
+		pass:    true, verdict: matchers.Pass, figure: "time_to_serve", figureVal: 32,
 	}, {
 		name:    "fails, as a reset, when the address is never served",
 		build:   addressChange(servedFrom(9999, 2500)),
 		matcher: served(),
-		verdict: matchers.Violation, kind: matchers.KindReset, figure: "served_after", figureVal: 3500,
+		verdict: matchers.Violation, kind: matchers.KindReset, figure: "time_to_serve", figureVal: 3500,
 		contains: []string{
 			"not served in the 3500.0 ms after address-added (budget 1000.0 ms)",
 			"First violation: x not served within 1000.0 ms of address-added; 501 attempts failed in that time: 250 reset, 251 timeout",
@@ -71,7 +71,7 @@ func TestHaveServedWithin(t *testing.T) {
 		name:    "fails when served only after its budget",
 		build:   addressChange(servedFrom(3100, 5000)),
 		matcher: served(),
-		verdict: matchers.Violation, kind: matchers.KindReset, figure: "served_after", figureVal: 1100,
+		verdict: matchers.Violation, kind: matchers.KindReset, figure: "time_to_serve", figureVal: 1100,
 		contains: []string{"served 1100.0 ms after address-added (budget 1000.0 ms)"},
 	}, {
 		name:     "fails when the wrong backend answers",

@@ -81,6 +81,14 @@ const (
 	// without its policy, before its view is complete, so every endpoint is unpoliced
 	// from the agent's start until its first complete round writes policy again.
 	OpenWhileRestarting = "open-while-restarting"
+	// HostIPsReadOnce: the agent lists the host interface's addresses once, at
+	// start, and never watches them, so a NodePort is never served on an address
+	// added later (and stays on one removed).
+	HostIPsReadOnce = "host-ips-read-once"
+	// HostIPRemovalsIgnored: the host-address watcher acts on new addresses only,
+	// so the NodePort frontends of a removed address stay, and keep answering the
+	// clients that still send to it, until some address is added.
+	HostIPRemovalsIgnored = "host-ip-removals-ignored"
 )
 
 var known = map[string]string{
@@ -100,6 +108,8 @@ var known = map[string]string{
 	RedirectBeforePolicy:          "new endpoints attached and their gates opened without their policy, written only after iptables (Calico 6241)",
 	DeleteThenAddPolicy:           "a NetworkPolicy update is applied as a delete and an add, each in its own round",
 	OpenWhileRestarting:           "on start every pinned endpoint is re-attached from scratch without policy, until the first complete round",
+	HostIPsReadOnce:               "host IPs read once at start and never watched: no NodePort on an address added later",
+	HostIPRemovalsIgnored:         "the host-address watcher ignores removals: a removed address keeps its NodePort frontends",
 }
 
 // Set is a set of enabled faults.

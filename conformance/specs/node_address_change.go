@@ -1,0 +1,171 @@
+package specs
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/workloads"
+)
+
+func init() {
+	conformance.Register(conformance.Spec{
+		ID:      "NODE-ADDRESS-CHANGE",
+		Profile: conformance.Core,
+		Features: []conformance.Feature{
+			conformance.FeatureNodePort, conformance.FeatureNodePortRemoteBackend,
+		},
+		Description: "A NodePort answers on an address added to the node's interface within a budget and stops answering on it once the address is removed, while new connections to the node's primary address all succeed.",
+		// Host-IP discovery, which Calico 12192 raced on restart, exercised on its
+		// own: the addresses change while the agent runs.
+		Catches: []conformance.FaultCase{
+			{Fault: "host-ips-read-once", Kinds: []conformance.FailureKind{matchers.KindReset}},
+			{Fault: "host-ip-removals-ignored", Kinds: []conformance.FailureKind{matchers.KindDelivered}},
+		},
+		Body: nodeAddressChange,
+	})
+}
+
+// Names of the transition events of an address change.
+const (
+	addressAdded   = "address-added"
+	addressRemoved = "address-removed"
+)
+
+// nodeAddressChange is the body of NODE-ADDRESS-CHANGE. Node-a's spare address is
+// added to its interface, served, then removed, while the external client opens a
+// new connection every ConnectInterval to the NodePort on node-a's IP (for the Core
+// fixture's local and remote backend: nothing on the primary address may fail) and
+// to the NodePort of the local backend's Service on the spare address.
+//
+// The spare address's probe runs from the start. Before the address is added nothing
+// may answer there (a precondition: the address is free, so that an answer later is
+// node-a's); once it is added, the NodePort must answer, WarmStreak connections in a
+// row, within address-programmed; from address-programmed after its removal on,
+// nothing may answer again.
+//
+// Removal is only observable if packets still reach node-a: a real client that
+// talked to the address keeps its neighbour entry, and sends to node-a's MAC, for
+// seconds after the address is gone (REACHABLE, then STALE; its probes fail only
+// once node-a stops answering ARP for it), and a dataplane that kept the frontend
+// would answer them. That lasting entry is made permanent here (PinNeighbour, before
+// the traffic starts) so that it cannot expire in the middle of the check: every SYN
+// to the spare address reaches node-a's interface, before it is added and after it
+// is removed, and only node-a's dataplane decides whether it is answered. Without
+// an address and a frontend, node-a forwards it back to the fabric, where no host
+// holds it: it goes unanswered.
+//
+// The spare address is probed with the local backend only: whether a frontend exists
+// on an address is the one thing this spec decides, and with the backend on node-a
+// the answer depends on nothing else (node-b, the SNAT of the reply). The remote
+// backend, and the SNAT address a dataplane picks among the host's addresses, are
+// exercised on the primary address, which must not notice the change.
+func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
+	f, err := workloads.DeployCore(ctx, e.World, e.Warm())
+	if err != nil {
+		return err
+	}
+	ext, spare := e.Topo.External(), f.NodeA.SpareAddress()
+	if err := e.Topo.PinNeighbour(ctx, ext, spare, f.NodeA); err != nil {
+		return fmt.Errorf("%w: %w", conformance.ErrEnvironment, err)
+	}
+	onSpare := workloads.Flow{Name: "nodeport-local-added-address", From: ext, Target: f.SvcLocal.NodePortAt(spare), Backend: f.Local.Name()}
+	served := &streakWatch{probe: onSpare.Name, backend: onSpare.Backend, want: e.Budgets.WarmStreak, done: make(chan struct{})}
+	budget := e.Budgets.AddressProgrammed
+	sc := conformance.Scenario{
+		Traffic: []conformance.Traffic{{From: ext, Probe: e.Connect(onSpare.Name, onSpare.Target), Observe: served.observe}},
+		Preconditions: []conformance.Check{{
+			Name:    fmt.Sprintf("nothing answers on %s before it is added", onSpare.Target),
+			Matcher: matchers.HaveNoServedAttempts(matchers.Probes(onSpare.Name)),
+		}},
+		Transition: []conformance.Step{
+			conformance.Do(fmt.Sprintf("add %s to %s's %s", spare, f.NodeA.Name(), f.NodeA.Interface()), func(ctx context.Context, e *conformance.Env) error {
+				if err := f.NodeA.AddAddress(ctx, spare); err != nil {
+					return err
+				}
+				served.arm(e.World.Timeline.Record(addressAdded, spare.String()))
+				return nil
+			}),
+			conformance.Do("wait until the NodePort answers on "+spare.String(), func(ctx context.Context, _ *conformance.Env) error {
+				// Served or not within the budget, the address goes next: the checks
+				// judge whether it was.
+				t := time.NewTimer(budget)
+				defer t.Stop()
+				select {
+				case <-served.done:
+				case <-t.C:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				return nil
+			}),
+			conformance.Do(fmt.Sprintf("remove %s from %s's %s", spare, f.NodeA.Name(), f.NodeA.Interface()), func(ctx context.Context, e *conformance.Env) error {
+				if err := f.NodeA.RemoveAddress(ctx, spare); err != nil {
+					return err
+				}
+				e.World.Timeline.Record(addressRemoved, spare.String())
+				return nil
+			}),
+		},
+		Checks: []conformance.Check{
+			{Name: fmt.Sprintf("the NodePort answers on %s within %s of its addition", spare, budget),
+				Matcher: matchers.HaveServedWithin(addressAdded, budget, e.Budgets.WarmStreak, matchers.Probes(onSpare.Name), matchers.Backends(onSpare.Backend))},
+			{Name: fmt.Sprintf("nothing answers on %s from %s after its removal", spare, budget),
+				Matcher: matchers.HaveNoServedAttempts(matchers.Probes(onSpare.Name), matchers.Since(addressRemoved, budget))},
+		},
+		// The removed address is watched for a steady state past its budget.
+		Settle: max(e.Budgets.Settle, budget+e.Budgets.SteadyState),
+	}
+	for _, fl := range f.ServiceFlows(e.Topo)[2:] { // nodeport-local, nodeport-remote on node-a's IP
+		noneFail := func() matchers.Matcher {
+			return matchers.HaveNoFailedAttempts(matchers.Probes(fl.Name), matchers.Backends(fl.Backend))
+		}
+		sc.Traffic = append(sc.Traffic, conformance.Traffic{From: fl.From, Probe: e.Connect(fl.Name, fl.Target)})
+		sc.Preconditions = append(sc.Preconditions, conformance.Check{
+			Name: "new connections reach " + fl.Backend + " through node-a's NodePort before the change", Matcher: noneFail()})
+		sc.Checks = append(sc.Checks, conformance.Check{
+			Name: "no failed new connection to " + fl.Name + " on node-a's IP while an address comes and goes", Matcher: noneFail()})
+	}
+	return e.Run(ctx, sc)
+}
+
+// streakWatch tells when a probe's attempts that started after the moment it is
+// armed reach a backend want times in a row, in the order they are reported.
+type streakWatch struct {
+	probe, backend string
+	want           int
+	done           chan struct{}
+
+	mu     sync.Mutex
+	since  monotime.Time // zero: not armed
+	streak int
+}
+
+func (w *streakWatch) arm(t monotime.Time) {
+	w.mu.Lock()
+	w.since = t
+	w.mu.Unlock()
+}
+
+func (w *streakWatch) observe(ev probe.Event) {
+	if ev.Kind != probe.KindAttempt || ev.Probe != w.probe {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.since == 0 || ev.Time < w.since || w.streak >= w.want {
+		return
+	}
+	if ev.Outcome != probe.OK || ev.Backend != w.backend {
+		w.streak = 0
+		return
+	}
+	if w.streak++; w.streak == w.want {
+		close(w.done)
+	}
+}
