@@ -41,7 +41,8 @@ const (
 // added to its interface, served, then removed, while the external client opens a
 // new connection every ConnectInterval to the NodePort on node-a's IP (for the Core
 // fixture's local and remote backend: nothing on the primary address may fail) and
-// to the NodePort of the local backend's Service on the spare address.
+// to the NodePort of a third Service, with a backend of its own on node-a, on the
+// spare address.
 //
 // The spare address's probe runs from the start. Before the address is added nothing
 // may answer there (a precondition: the address is free, so that an answer later is
@@ -62,11 +63,19 @@ const (
 // where no host holds the address (node-a's own ARP for it goes unanswered): nothing
 // answers it.
 //
-// The spare address is probed with the local backend only: whether a frontend exists
-// on an address is the one thing this spec decides, and with the backend on node-a
-// the answer depends on nothing else (node-b, the SNAT of the reply). The remote
-// backend, and the SNAT address a dataplane picks among the host's addresses, are
-// exercised on the primary address, which must not notice the change.
+// The spare address is probed with a backend on node-a: whether a frontend exists on
+// an address is the one thing this spec decides, and with a local backend the answer
+// depends on nothing else (node-b, the SNAT of the reply). The remote backend, and
+// the SNAT address a dataplane picks among the host's addresses, are exercised on
+// the primary address, which must not notice the change. The backend is not the
+// fixture's web-local, which the primary address's probe reaches: a dataplane that
+// does not SNAT for a local backend (refdp does not) hands it the client's
+// own source ports, and the client picks its ports per destination address, so a
+// connection to the spare address would now and then arrive with the tuple of one
+// the backend still holds in TIME_WAIT from the primary address, and stall for a
+// SYN retry. That is a client connecting to two frontends of one backend, not this
+// spec's transition. The Service is shown programmed through its ClusterIP from the
+// client pod, whose source address the backend never sees from the probes.
 //
 // The spec holds NodePorts to every address of the node's interface, as kube-proxy's
 // iptables mode serves them (addrtype LOCAL). An implementation configured to serve
@@ -82,8 +91,22 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 	if err := e.Topo.PinNeighbour(ctx, ext, spare, f.NodeA); err != nil {
 		return fmt.Errorf("%w: %w", conformance.ErrEnvironment, err)
 	}
-	onSpare := workloads.Flow{Name: "nodeport-local-added-address", From: ext, Target: f.SvcLocal.NodePortAt(spare), Backend: f.Local.Name()}
-	served := &streakWatch{probe: onSpare.Name, backend: onSpare.Backend, want: e.Budgets.WarmStreak, done: make(chan struct{})}
+	// The added address's Service has a backend of its own (see above).
+	labels := map[string]string{"app": "web-added"}
+	backend, _, err := workloads.AddBackend(ctx, e.World, "web-added", f.NodeA.Name(), labels)
+	if err != nil {
+		return err
+	}
+	svc, err := workloads.AddService(ctx, e.World, "web-added", labels, backend)
+	if err != nil {
+		return err
+	}
+	if err := workloads.WaitFlowing(ctx, e.World,
+		workloads.Flow{Name: "clusterip-added", From: f.Client, Target: svc.ClusterIPAddr(), Backend: backend.Name()}, e.Warm()); err != nil {
+		return err
+	}
+	onSpare := workloads.Flow{Name: "nodeport-added-address", From: ext, Target: svc.NodePortAt(spare), Backend: backend.Name()}
+	served := &streakWatch{probe: onSpare.Name, backend: onSpare.Backend, want: e.Budgets.WarmStreak, done: make(chan struct{}), results: map[uint64]bool{}}
 	budget := e.Budgets.AddressProgrammed
 	sc := conformance.Scenario{
 		Traffic: []conformance.Traffic{{From: ext, Probe: e.Connect(onSpare.Name, onSpare.Target), Observe: served.observe}},
@@ -143,16 +166,21 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 	return e.Run(ctx, sc)
 }
 
-// streakWatch tells when a probe's attempts that started after the moment it is
-// armed reach a backend want times in a row, in the order they are reported.
+// streakWatch tells when a probe has made want attempts in a row, in the order they
+// started (their sequence numbers), that started after the moment it is armed and
+// reached the backend: the matcher's rule (HaveServedWithin), applied as attempts
+// are reported, which is not the order they started (a timeout is reported a second
+// late).
 type streakWatch struct {
 	probe, backend string
 	want           int
 	done           chan struct{}
 
-	mu     sync.Mutex
-	since  monotime.Time // zero: not armed
-	streak int
+	mu      sync.Mutex
+	since   monotime.Time   // zero: not armed
+	results map[uint64]bool // reported and not counted yet: reached the backend
+	next    uint64          // the attempt to count next (0: none seen yet)
+	streak  int
 }
 
 func (w *streakWatch) arm(t monotime.Time) {
@@ -170,11 +198,27 @@ func (w *streakWatch) observe(ev probe.Event) {
 	if w.since == 0 || ev.Time < w.since || w.streak >= w.want {
 		return
 	}
-	if ev.Outcome != probe.OK || ev.Backend != w.backend {
-		w.streak = 0
-		return
+	if w.next == 0 {
+		w.next = ev.Seq
 	}
-	if w.streak++; w.streak == w.want {
-		close(w.done)
+	if ev.Seq < w.next {
+		return // started before the one counting began: only a later streak counts
+	}
+	w.results[ev.Seq] = ev.Outcome == probe.OK && ev.Backend == w.backend
+	for {
+		ok, reported := w.results[w.next]
+		if !reported {
+			return
+		}
+		delete(w.results, w.next)
+		w.next++
+		if !ok {
+			w.streak = 0
+			continue
+		}
+		if w.streak++; w.streak == w.want {
+			close(w.done)
+			return
+		}
 	}
 }
