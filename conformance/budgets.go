@@ -84,6 +84,13 @@ type Budgets struct {
 	// within PolicyProgrammed.
 	PolicyProgrammed time.Duration `budget:"policy-programmed"`
 	ReachTimeout     time.Duration `budget:"reach-timeout"`
+	// AddressProgrammed bounds how long after an address is added to a node's
+	// interface its NodePorts may take to answer on it, and after the address is
+	// removed, to stop answering (NODE-ADDRESS-CHANGE). kube-proxy matches NodePorts
+	// by the kernel's own view of local addresses and needs no time; a dataplane
+	// that watches the addresses (refdp, netlink) takes a round, a few ms; one that
+	// polls them takes up to its period.
+	AddressProgrammed time.Duration `budget:"address-programmed"`
 	// OrderInterval is the period of the ordering specs' probes (a new pod's
 	// datagrams, a client's new connections while its policy is replaced): their
 	// windows can be a few milliseconds, and a finer probe catches a shorter one.
@@ -92,29 +99,30 @@ type Budgets struct {
 
 // DefaultBudgets are the budgets of the spec catalogue (docs/specs.md).
 var DefaultBudgets = Budgets{
-	Lead:             time.Second,
-	Settle:           3 * time.Second,
-	SteadyState:      time.Second,
-	ConnectInterval:  2 * time.Millisecond,
-	AttemptTimeout:   time.Second,
-	MaxBlind:         250 * time.Millisecond,
-	StreamInterval:   5 * time.Millisecond,
-	StreamMaxGap:     200 * time.Millisecond,
-	AliveWithin:      500 * time.Millisecond,
-	EndWithin:        2 * time.Second,
-	ReconcileWithin:  time.Second,
-	UDPRepoint:       2 * time.Second,
-	Ready:            60 * time.Second,
-	Programmed:       10 * time.Second,
-	SwitchMaxGap:     time.Second,
-	SwitchSettle:     5 * time.Second,
-	WarmStreak:       20,
-	WarmInterval:     10 * time.Millisecond,
-	ControlInterval:  10 * time.Millisecond,
-	ControlMaxBlind:  time.Second,
-	PolicyProgrammed: 5 * time.Second,
-	ReachTimeout:     200 * time.Millisecond,
-	OrderInterval:    250 * time.Microsecond,
+	Lead:              time.Second,
+	Settle:            3 * time.Second,
+	SteadyState:       time.Second,
+	ConnectInterval:   2 * time.Millisecond,
+	AttemptTimeout:    time.Second,
+	MaxBlind:          250 * time.Millisecond,
+	StreamInterval:    5 * time.Millisecond,
+	StreamMaxGap:      200 * time.Millisecond,
+	AliveWithin:       500 * time.Millisecond,
+	EndWithin:         2 * time.Second,
+	ReconcileWithin:   time.Second,
+	UDPRepoint:        2 * time.Second,
+	Ready:             60 * time.Second,
+	Programmed:        10 * time.Second,
+	SwitchMaxGap:      time.Second,
+	SwitchSettle:      5 * time.Second,
+	WarmStreak:        20,
+	WarmInterval:      10 * time.Millisecond,
+	ControlInterval:   10 * time.Millisecond,
+	ControlMaxBlind:   time.Second,
+	PolicyProgrammed:  5 * time.Second,
+	ReachTimeout:      200 * time.Millisecond,
+	OrderInterval:     250 * time.Microsecond,
+	AddressProgrammed: time.Second,
 }
 
 // Set overrides one budget by its name ("stream-max-gap=300ms", "warm-streak=50").

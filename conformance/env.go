@@ -36,6 +36,10 @@ type Env struct {
 type Traffic struct {
 	From  topologies.Host
 	Probe probe.Config
+	// Observe, if set, sees each of the probe's events as it is reported, as well as
+	// the timeline: a step that waits for traffic to do something (a new address
+	// served) waits on it, not on a sleep.
+	Observe func(probe.Event)
 }
 
 // Check is an invariant a scenario judges: in steady state (a precondition) or
@@ -111,7 +115,11 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 		}()
 	}
 	for _, t := range sc.Traffic {
-		if _, err := e.World.StartProbe(ctx, t.From, t.Probe); err != nil {
+		var observe []func(probe.Event)
+		if t.Observe != nil {
+			observe = append(observe, t.Observe)
+		}
+		if _, err := e.World.StartProbe(ctx, t.From, t.Probe, observe...); err != nil {
 			return err
 		}
 	}

@@ -40,6 +40,12 @@ type Topology interface {
 	// Pods returns the pods added and not removed.
 	Pods() []Pod
 
+	// PinNeighbour makes from's neighbour entry for addr permanent, at the hardware
+	// address of node's interface: from sends to addr by way of node whether node
+	// holds addr or not, as a client that cached the entry keeps doing until it
+	// expires. from is a host on the nodes' network (the external client or a node).
+	PinNeighbour(ctx context.Context, from Host, addr netip.Addr, node Node) error
+
 	// Close removes everything the run created. It is safe to call more than once.
 	Close() error
 }
@@ -67,6 +73,16 @@ type Node interface {
 	// DriverEnv is the environment a driver call for this node gets (DRIVER.md):
 	// DPC_NODE, DPC_NETNS, DPC_KUBECONFIG, DPC_STATE_DIR, DPC_TOPOLOGY and DPC_RUN.
 	DriverEnv() []string
+	// SpareAddress is an IPv4 address on the network of the node's interface that
+	// the topology keeps for this node: no host holds it until AddAddress adds it.
+	SpareAddress() netip.Addr
+	// AddAddress adds addr to the node's interface, a further address on the
+	// network its IP is on, as an operator or a cloud agent adds a secondary IP.
+	// The Node object is not changed: an address on the interface is not one of the
+	// node's status addresses. addr must be free: no host of the topology holds it.
+	AddAddress(ctx context.Context, addr netip.Addr) error
+	// RemoveAddress removes an address that AddAddress added.
+	RemoveAddress(ctx context.Context, addr netip.Addr) error
 }
 
 // Pod is a workload wired into a node by CNI.

@@ -85,37 +85,19 @@ func describeAttempt(w timeline.Window, e probe.Event, o options) string {
 }
 
 func evalAttempts(w timeline.Window, o options) (outcome, error) {
-	probes := ofRole(probesOf(w), probe.RoleConnect, o)
-	if len(probes) == 0 {
-		return outcome{}, fmt.Errorf("no connect probe on the timeline%s", selection(o))
+	attempts, blind, err := selectedAttempts(w, o)
+	if err != nil {
+		return outcome{}, err
 	}
-	starts := map[string][]monotime.Time{}
-	var total int
+	total := len(attempts)
 	var failed []probe.Event
 	var maxLat time.Duration
-	for _, e := range w.Inside() {
-		if e.Kind != probe.KindAttempt || !o.selected(e.Probe) {
-			continue
-		}
-		total++
-		starts[e.Probe] = append(starts[e.Probe], e.Time)
+	for _, e := range attempts {
 		if attemptFailed(e, o) {
 			failed = append(failed, e)
 		} else {
 			maxLat = max(maxLat, e.Latency)
 		}
-	}
-	var blind time.Duration
-	for _, p := range probes {
-		if err := covers(w, p, false, w.End); err != nil {
-			return outcome{}, err
-		}
-		gap, at := longestGap(w, starts[p.name])
-		if gap > o.maxBlind {
-			return outcome{}, fmt.Errorf("probe %s started no attempt for %s, from %s: the instrument was blind (starved or stopped), %s is the limit",
-				p.name, fmtMs(gap), w.Relative(at), fmtMs(o.maxBlind))
-		}
-		blind = max(blind, gap)
 	}
 
 	count := map[Kind]int{}
@@ -158,6 +140,40 @@ func evalAttempts(w timeline.Window, o options) (outcome, error) {
 	return out, nil
 }
 
+// selectedAttempts returns the attempts of the selected connect probes that started
+// inside the window, in the order they started, and the longest any of the probes
+// went without starting one. It is an error when there is no such probe, or one of
+// them did not report through the window's end or went longer than MaxBlind without
+// an attempt, counting from the window start and up to its end.
+func selectedAttempts(w timeline.Window, o options) ([]probe.Event, time.Duration, error) {
+	probes := ofRole(probesOf(w), probe.RoleConnect, o)
+	if len(probes) == 0 {
+		return nil, 0, fmt.Errorf("no connect probe on the timeline%s", selection(o))
+	}
+	starts := map[string][]monotime.Time{}
+	var attempts []probe.Event
+	for _, e := range w.Inside() {
+		if e.Kind != probe.KindAttempt || !o.selected(e.Probe) {
+			continue
+		}
+		starts[e.Probe] = append(starts[e.Probe], e.Time)
+		attempts = append(attempts, e)
+	}
+	var blind time.Duration
+	for _, p := range probes {
+		if err := covers(w, p, false, w.End); err != nil {
+			return nil, 0, err
+		}
+		gap, at := longestGap(w, starts[p.name])
+		if gap > o.maxBlind {
+			return nil, 0, fmt.Errorf("probe %s started no attempt for %s, from %s: the instrument was blind (starved or stopped), %s is the limit",
+				p.name, fmtMs(gap), w.Relative(at), fmtMs(o.maxBlind))
+		}
+		blind = max(blind, gap)
+	}
+	return attempts, blind, nil
+}
+
 // longestGap is the longest stretch of the window without a start time.
 func longestGap(w timeline.Window, ts []monotime.Time) (time.Duration, monotime.Time) {
 	prev := w.Start
@@ -175,38 +191,12 @@ func longestGap(w timeline.Window, ts []monotime.Time) (time.Duration, monotime.
 // failureRuns lists failures grouped into runs of consecutive attempts of one probe
 // that failed the same way.
 func failureRuns(w timeline.Window, failed []probe.Event, o options) string {
-	const maxRuns = 12
-	type run struct{ first, last probe.Event }
-	var runs []run
-	key := func(e probe.Event) string {
+	return attemptRuns(w, failed, func(e probe.Event) string {
 		if wrongBackend(e, o) {
 			return "wrong backend " + e.Backend
 		}
 		return strings.ToUpper(string(e.Outcome))
-	}
-	last := map[string]int{} // probe -> index of its open run
-	for _, e := range failed {
-		if i, ok := last[e.Probe]; ok && runs[i].last.Seq+1 == e.Seq && key(runs[i].last) == key(e) {
-			runs[i].last = e
-			continue
-		}
-		runs = append(runs, run{e, e})
-		last[e.Probe] = len(runs) - 1
-	}
-	var b strings.Builder
-	for i, r := range runs {
-		if i == maxRuns {
-			fmt.Fprintf(&b, "  ... and %d more runs\n", len(runs)-maxRuns)
-			break
-		}
-		if r.first.Seq == r.last.Seq {
-			fmt.Fprintf(&b, "  %s #%d %s, started %s\n", r.first.Probe, r.first.Seq, key(r.first), w.Relative(r.first.Time))
-			continue
-		}
-		fmt.Fprintf(&b, "  %s #%d..#%d %s (%d), started from %s to %s\n", r.first.Probe, r.first.Seq, r.last.Seq, key(r.first),
-			r.last.Seq-r.first.Seq+1, w.Relative(r.first.Time), w.Relative(r.last.Time))
-	}
-	return b.String()
+	})
 }
 
 func fmtMs(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"sync"
 	"time"
@@ -52,8 +53,11 @@ func (s Service) ClusterIPAddr() string {
 }
 
 // NodePortAddr is node n's IP with the Service's node port.
-func (s Service) NodePortAddr(n topologies.Node) string {
-	return net.JoinHostPort(n.IP().String(), strconv.Itoa(int(s.NodePort)))
+func (s Service) NodePortAddr(n topologies.Node) string { return s.NodePortAt(n.IP()) }
+
+// NodePortAt is addr (one of a node's addresses) with the Service's node port.
+func (s Service) NodePortAt(addr netip.Addr) string {
+	return net.JoinHostPort(addr.String(), strconv.Itoa(int(s.NodePort)))
 }
 
 // Direct is a pod's own address with EchoPort: a flow that needs no Service.

@@ -401,11 +401,19 @@ func (a *Agent) poke() {
 
 // watchHostIPs tracks the IPv4 addresses of the host interface.
 func (a *Agent) watchHostIPs(ctx context.Context, link netlink.Link) {
+	// Subscribe before the first listing, so that no change falls between the two.
 	updates := make(chan netlink.AddrUpdate, 64)
 	done := make(chan struct{})
 	defer close(done)
-	if err := netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{}); err != nil {
+	readOnce := a.cfg.Faults.Has(faults.HostIPsReadOnce)
+	if readOnce {
+		a.log.Warn("fault: host IPs are read once, at start, and never watched", "fault", faults.HostIPsReadOnce)
+	} else if err := netlink.AddrSubscribeWithOptions(updates, done, netlink.AddrSubscribeOptions{}); err != nil {
 		a.log.Error("cannot watch host addresses; using the current ones only", "err", err)
+	}
+	ignoreRemovals := a.cfg.Faults.Has(faults.HostIPRemovalsIgnored)
+	if ignoreRemovals {
+		a.log.Warn("fault: removed host addresses are ignored", "fault", faults.HostIPRemovalsIgnored)
 	}
 	if a.cfg.Faults.Has(faults.EagerServiceSync) {
 		// As in Calico 12192: discovery reports only after the syncer has applied its
@@ -451,6 +459,9 @@ func (a *Agent) watchHostIPs(ctx context.Context, link netlink.Link) {
 		a.poke()
 	}
 	refresh()
+	if readOnce {
+		return
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -459,9 +470,10 @@ func (a *Agent) watchHostIPs(ctx context.Context, link netlink.Link) {
 			if !ok {
 				return
 			}
-			if u.LinkIndex == a.hostIdx {
-				refresh()
+			if u.LinkIndex != a.hostIdx || (ignoreRemovals && !u.NewAddr) {
+				continue
 			}
+			refresh()
 		}
 	}
 }

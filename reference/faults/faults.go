@@ -100,6 +100,14 @@ const (
 	// deletions are driven by delete events never sees one for an object that went
 	// while it was not watching.
 	AdoptWithoutReconcile = "adopt-without-reconcile"
+	// HostIPsReadOnce: the agent lists the host interface's addresses once, at
+	// start, and never watches them, so a NodePort is never served on an address
+	// added later (and stays on one removed).
+	HostIPsReadOnce = "host-ips-read-once"
+	// HostIPRemovalsIgnored: the host-address watcher acts on new addresses only,
+	// so the NodePort frontends of a removed address stay, and keep answering the
+	// clients that still send to it, until some address is added.
+	HostIPRemovalsIgnored = "host-ip-removals-ignored"
 )
 
 var known = map[string]string{
@@ -122,6 +130,8 @@ var known = map[string]string{
 	OpenWhileRestarting:              "on start every pinned endpoint is re-attached from scratch without policy, until the first complete round",
 	ReadyBeforeFirstApply:            "the agent reports ready once it has adopted the pinned datapath, before its first complete round writes what the API holds",
 	AdoptWithoutReconcile:            "pinned service maps adopted on start; what was deleted while down stays until a Service or EndpointSlice changes",
+	HostIPsReadOnce:                  "host IPs read once at start and never watched: no NodePort on an address added later",
+	HostIPRemovalsIgnored:            "the host-address watcher ignores removals: a removed address keeps its NodePort frontends",
 }
 
 // Set is a set of enabled faults.

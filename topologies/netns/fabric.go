@@ -50,7 +50,7 @@ func (n *node) DriverEnv() []string {
 
 func nodeName(i int) string { return "node-" + string(rune('a'+i)) }
 
-func (t *Topology) apiAddr() netip.Addr { return t.fabric.Addr().Next() }
+func (t *Topology) apiAddr() netip.Addr { return t.fabricAddr(rootHost).Addr() }
 
 func (t *Topology) fabricAddr(last byte) netip.Prefix {
 	a := t.fabric.Addr().As4()
@@ -107,7 +107,7 @@ func (t *Topology) createFabric() error {
 		return err
 	}
 	defer root.Close()
-	if err := linkUpWithAddr(root, t.rootLink(), t.fabricAddr(1)); err != nil {
+	if err := linkUpWithAddr(root, t.rootLink(), t.fabricAddr(rootHost)); err != nil {
 		return err
 	}
 	return t.plugIntoBridge(h, "root")
@@ -174,7 +174,7 @@ func (t *Topology) createNodes(ctx context.Context, count int) error {
 		}
 		name := nodeName(i)
 		n := &node{
-			host:     host{name: name, netns: t.runID + "-" + name, ip: t.fabricAddr(byte(10 + i)).Addr()},
+			host:     host{name: name, netns: t.runID + "-" + name, ip: t.fabricAddr(byte(firstNodeHost + i)).Addr()},
 			index:    i,
 			podCIDR:  netip.MustParsePrefix(fmt.Sprintf(podCIDRFormat, i)),
 			stateDir: filepath.Join(t.dir, "nodes", name, "state"),
@@ -228,7 +228,7 @@ func (t *Topology) createNodes(ctx context.Context, count int) error {
 		}
 		h.Close()
 	}
-	t.external = &host{name: "external", netns: t.externalNS(), ip: t.fabricAddr(100).Addr()}
+	t.external = &host{name: "external", netns: t.externalNS(), ip: t.fabricAddr(externalHost).Addr()}
 	t.logf("run %s: creating the external client (%s)", t.runID, t.external.ip)
 	return t.attachHost(fh, t.external, "external")
 }

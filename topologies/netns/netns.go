@@ -60,7 +60,8 @@ type Topology struct {
 	external *host
 
 	mu     sync.Mutex
-	pods   map[string]*pod // by namespace/name
+	pods   map[string]*pod       // by namespace/name
+	added  map[netip.Addr]string // addresses AddAddress added, to the node's name
 	closed bool
 }
 
@@ -75,6 +76,17 @@ const (
 	serviceCIDR   = "10.96.0.0/16"
 )
 
+// The last byte of each host's address on the fabric: the root namespace (the API
+// server), node i at firstNodeHost+i (at most 26 nodes: .10 to .35), the external
+// client, and node i's spare address (Node.SpareAddress) at firstSpareHost+i, which
+// no host holds until a spec adds it to the node.
+const (
+	rootHost       = 1
+	firstNodeHost  = 10
+	externalHost   = 100
+	firstSpareHost = 200
+)
+
 // New creates a topology. If ctx is cancelled or any step fails, everything made so far
 // is removed before New returns.
 func New(ctx context.Context, opts Options) (_ *Topology, err error) {
@@ -87,7 +99,7 @@ func New(ctx context.Context, opts Options) (_ *Topology, err error) {
 	if opts.Nodes < 1 || opts.Nodes > 26 {
 		return nil, fmt.Errorf("Options.Nodes=%d: a netns topology has 1 to 26 nodes", opts.Nodes)
 	}
-	t := &Topology{logf: opts.Logf, pods: map[string]*pod{}}
+	t := &Topology{logf: opts.Logf, pods: map[string]*pod{}, added: map[netip.Addr]string{}}
 	if t.logf == nil {
 		t.logf = func(string, ...any) {}
 	}

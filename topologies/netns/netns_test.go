@@ -162,6 +162,44 @@ var _ = Describe("a 2-node netns topology", Ordered, func() {
 		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the failed pod's object is left: %v", err)
 	})
 
+	It("adds a node's spare address and removes it, and pins a client's neighbour entry for it", func() {
+		n, other, ext := topo.Nodes()[0], topo.Nodes()[1], topo.External()
+		addr := n.SpareAddress()
+		Expect(addr).NotTo(BeElementOf(n.IP(), other.IP(), ext.IP(), other.SpareAddress()))
+		Expect(n.AddAddress(ctx, other.IP())).To(MatchError(ContainSubstring("node-b's IP")))
+		addrs := func(h topologies.Host) []string {
+			out, err := topologies.Output(ctx, h, "ip", "-4", "-o", "addr", "show", "dev", "eth0")
+			Expect(err).NotTo(HaveOccurred())
+			var got []string
+			for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+				f := strings.Fields(l) // 2: eth0    inet 10.213.1.10/24 ...
+				got = append(got, strings.Split(f[3], "/")[0])
+			}
+			return got
+		}
+
+		Expect(n.AddAddress(ctx, addr)).To(Succeed())
+		Expect(other.AddAddress(ctx, addr)).To(MatchError(ContainSubstring("already added to node-a")))
+		Expect(addrs(n)).To(Equal([]string{n.IP().String(), addr.String()}), "the node's IP stays its primary address")
+		serve(n)
+		Expect(dial(ctx, ext, addr.String())).To(Equal("node-a"), "the external client reaches the node on its new address")
+
+		By("pinning the external client's entry for the address, which outlives the address")
+		Expect(topo.PinNeighbour(ctx, ext, addr, n)).To(Succeed())
+		Expect(n.RemoveAddress(ctx, addr)).To(Succeed())
+		Expect(addrs(n)).To(Equal([]string{n.IP().String()}))
+		link, err := topologies.Output(ctx, n, "ip", "-o", "link", "show", "dev", "eth0")
+		Expect(err).NotTo(HaveOccurred())
+		mac := regexp.MustCompile(`link/ether ([0-9a-f:]{17})`).FindStringSubmatch(string(link))
+		Expect(mac).To(HaveLen(2), "no MAC in %s", link)
+		neigh, err := topologies.Output(ctx, ext, "ip", "neigh", "show", addr.String())
+		Expect(err).NotTo(HaveOccurred())
+		Expect(strings.Fields(string(neigh))).To(Equal([]string{addr.String(), "dev", "eth0", "lladdr", mac[1], "PERMANENT"}))
+
+		Expect(n.RemoveAddress(ctx, addr)).To(MatchError(ContainSubstring("did not add it")))
+		Expect(topo.PinNeighbour(ctx, pods[0], addr, n)).To(MatchError(ContainSubstring("not a host on the fabric")))
+	})
+
 	It("writes a kubeconfig that works from inside a node", func() {
 		n := topo.Nodes()[0]
 		env := map[string]string{}
