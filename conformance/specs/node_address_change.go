@@ -147,7 +147,7 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 			{Name: fmt.Sprintf("the NodePort answers on %s within %s of its addition", spare, budget),
 				Matcher: matchers.HaveServedWithin(addressAdded, budget, e.Budgets.WarmStreak, matchers.Probes(onSpare.Name), matchers.Backends(onSpare.Backend))},
 			{Name: fmt.Sprintf("nothing answers on %s from %s after its removal", spare, budget),
-				Matcher: matchers.HaveNoServedAttempts(matchers.Probes(onSpare.Name), matchers.Since(addressRemoved, budget))},
+				Matcher: matchers.HaveNoServedAttempts(matchers.Probes(onSpare.Name), matchers.From(addressRemoved, budget))},
 		},
 		// The removed address is watched for a steady state past its budget (the
 		// window ends there, the primary address's too).

@@ -115,8 +115,6 @@ type options struct {
 	backends   []string
 	to         []string
 	flows      [][2]string // src, dst of policy verdicts
-	since      string      // a transition event: judge from sinceAfter after it
-	sinceAfter time.Duration
 	allow      int
 	maxBlind   time.Duration
 	within     time.Duration
@@ -172,14 +170,6 @@ func Grace(d time.Duration) Option { return func(o *options) { o.grace = d } }
 // Context is how much timeline a failure message shows on each side of the first
 // violation (default 100 ms).
 func Context(d time.Duration) Option { return func(o *options) { o.context = d } }
-
-// Since restricts a matcher to the part of its window from d after the first
-// transition event named event: what happened before then is not judged (a change
-// the implementation has a budget to program). The window must reach that far, and
-// the event be on it, or the matcher returns an ErrInstrument error.
-func Since(event string, d time.Duration) Option {
-	return func(o *options) { o.since, o.sinceAfter = event, d }
-}
 
 // OnBackends restricts the stream matchers (HaveStreamGapsWithin, HaveNoResets,
 // BeAliveAtEnd, HaveStreamsEndedWithin) to streams answered by these backends, as
@@ -268,20 +258,6 @@ func toWindow(actual any) (timeline.Window, error) {
 	return timeline.Window{}, fmt.Errorf("matchers: expected a timeline.Window, got %T", actual)
 }
 
-// since is w from d after the first transition event named event.
-func since(w timeline.Window, event string, d time.Duration) (timeline.Window, error) {
-	at, ok := transition(w, event)
-	if !ok {
-		return w, fmt.Errorf("no %q event on the timeline", event)
-	}
-	start := at.Add(d)
-	if start >= w.End {
-		return w, fmt.Errorf("the window ends %s, before %s after %s", w.Relative(w.End), fmtMs(d), event)
-	}
-	w.Start = max(w.Start, start)
-	return w, nil
-}
-
 // transition is the time of the first transition event named name.
 func transition(w timeline.Window, name string) (monotime.Time, bool) {
 	for _, t := range w.Transitions {
@@ -340,12 +316,6 @@ func (m *matcher) Match(actual any) (bool, error) {
 	w, err := toWindow(actual)
 	if err != nil {
 		return false, err
-	}
-	if m.opts.since != "" {
-		if w, err = since(w, m.opts.since, m.opts.sinceAfter); err != nil {
-			m.w, m.out = w, outcome{verdict: Instrument, first: err.Error()}
-			return false, fmt.Errorf("%w: cannot check %s in the %s: %w", ErrInstrument, m.what, w, err)
-		}
 	}
 	m.w = w
 	if w, err = narrow(w, m.opts); err != nil {

@@ -14,7 +14,7 @@ import (
 // window was answered, by any server: an address nothing may serve (one that no
 // host holds, or one a node gave up) must not take connections. Attempts that were
 // refused, timed out or were unreachable are what it expects. A served attempt is a
-// violation of kind delivered. Options: Probes, Since, MaxBlind, Context.
+// violation of kind delivered. Options: Probes, From, MaxBlind, Context.
 //
 // Its probes must cover the window as for HaveNoFailedAttempts (ErrInstrument
 // otherwise): an attempt never made was not refused either.

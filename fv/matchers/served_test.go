@@ -105,7 +105,7 @@ func TestHaveServedWithin(t *testing.T) {
 
 func TestHaveNoServedAttempts(t *testing.T) {
 	afterRemoval := func() matchers.Matcher {
-		return matchers.HaveNoServedAttempts(matchers.Probes("x"), matchers.Since("address-removed", time.Second))
+		return matchers.HaveNoServedAttempts(matchers.Probes("x"), matchers.From("address-removed", time.Second))
 	}
 	run(t, []check{{
 		name:    "passes when nothing answers a second after the removal",
@@ -124,40 +124,40 @@ func TestHaveNoServedAttempts(t *testing.T) {
 			"x #1501..#1750 ANSWERED by pod-a (250)",
 		},
 	}, {
-		name:    "judges the whole window without Since: nothing answers before the address exists",
+		name:    "judges the whole window without From: nothing answers before the address exists",
 		build:   addressChange(servedFrom(2010, 2500)),
 		matcher: func() matchers.Matcher { return matchers.HaveNoServedAttempts(matchers.Probes("x")) },
 		verdict: matchers.Violation, kind: matchers.KindDelivered, figure: "served_attempts", figureVal: 245,
 	}, {
-		name:     "is an instrument error when Since names an event not on the timeline",
+		name:     "is an instrument error when From names an event not on the timeline",
 		build:    addressChange(servedFrom(2010, 2500)),
-		matcher:  func() matchers.Matcher { return matchers.HaveNoServedAttempts(matchers.Since("address-gone", 0)) },
+		matcher:  func() matchers.Matcher { return matchers.HaveNoServedAttempts(matchers.From("address-gone", 0)) },
 		verdict:  matchers.Instrument,
 		contains: []string{`no "address-gone" event`},
 	}, {
-		name:  "is an instrument error when the window ends before Since's start",
+		name:  "is an instrument error when the window ends before From's start",
 		build: addressChange(servedFrom(2010, 2500)),
 		matcher: func() matchers.Matcher {
-			return matchers.HaveNoServedAttempts(matchers.Since("address-removed", 5*time.Second))
+			return matchers.HaveNoServedAttempts(matchers.From("address-removed", 5*time.Second))
 		},
 		verdict:  matchers.Instrument,
 		contains: []string{"before 5000.0 ms after address-removed"},
 	}})
 }
 
-// Since narrows any matcher: the failures before the change are not judged.
-func TestSinceNarrowsTheWindow(t *testing.T) {
+// From narrows any matcher: the failures before the change are not judged.
+func TestFromNarrowsTheWindow(t *testing.T) {
 	run(t, []check{{
 		name:  "HaveNoFailedAttempts from the streak on",
 		build: addressChange(servedFrom(2010, 9999)),
 		matcher: func() matchers.Matcher {
-			return matchers.HaveNoFailedAttempts(matchers.Since("address-added", 10*time.Millisecond))
+			return matchers.HaveNoFailedAttempts(matchers.From("address-added", 10*time.Millisecond))
 		},
 		pass: true, verdict: matchers.Pass, figure: "failed_attempts", figureVal: 0,
 	}, {
 		name:    "and fails when it starts too early",
 		build:   addressChange(servedFrom(2010, 9999)),
-		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts(matchers.Since("address-added", 0)) },
+		matcher: func() matchers.Matcher { return matchers.HaveNoFailedAttempts(matchers.From("address-added", 0)) },
 		verdict: matchers.Violation, kind: matchers.KindReset, figure: "failed_attempts", figureVal: 5,
 	}})
 }
