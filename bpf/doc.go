@@ -44,7 +44,11 @@
 // closes) the flow's SNAT reply entry too, so both directions keep it alive.
 // Entries are not expired: the LRU evicts them, and a new SYN on a known
 // tuple re-selects its backend (keeping the entries, and the SNAT port if it
-// is still the flow's own, when the backend stays).
+// is still the flow's own, when the backend stays). A UDP flow has no SYN: its
+// packets go to the backend in its entry for as long as the entry lives, so
+// when a backend leaves its service the agent deletes the entries of the UDP
+// flows DNATed to it (Datapath.DeleteDNATFlows), and their next packet picks a
+// backend of the frontend as it is then.
 //
 // A new flow without NAT takes over a tuple whose entry belongs to a flow that is
 // closing (FIN or RST seen) or idle past its timeout: clients reuse source ports,

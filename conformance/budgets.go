@@ -53,8 +53,8 @@ type Budgets struct {
 	// dataplane's sync after an endpoint change, with the deletion of the flow's
 	// conntrack entries. kube-proxy's syncs are minSyncPeriod (1 s by default) apart,
 	// and a backend's removal comes right after the sync that added its successor:
-	// it moved the flow 0.99-1.03 s after the update (refdp: before the suite saw the
-	// update); the budget is that period twice, for a busy node's slower syncs.
+	// it moved the flow up to 1.13 s after the update (refdp: before the suite saw
+	// it); the budget is that period twice, for a busy node's slower syncs.
 	UDPRepoint time.Duration `budget:"udp-repoint"`
 	// Ready bounds every wait for an agent to report ready, at set-up and after each
 	// start of a transition. An agent that is not ready by then fails the spec.

@@ -310,6 +310,11 @@ func (s SpecReport) resultColumn() string {
 	return string(s.Result) + " " + strings.Replace(s.Passes, " of ", "/", 1)
 }
 
+// keyFigure names the figures a passed spec's summary line shows, when they have a
+// budget: failed new connections, stream resets and gaps, a UDP flow's unanswered
+// datagrams and how late after its change the last one was sent.
+var keyFigure = map[string]bool{"failed_attempts": true, "max_gap": true, "resets": true, "unanswered": true, "last_unanswered": true}
+
 // keyFigures picks the figures with budgets, for a passed spec's summary line.
 func keyFigures(s SpecReport) string {
 	var parts []string
@@ -319,7 +324,7 @@ func keyFigures(s SpecReport) string {
 			continue
 		}
 		for _, f := range c.Figures {
-			if f.Budget != nil && !seen[f.Name] && (f.Name == "failed_attempts" || f.Name == "max_gap" || f.Name == "resets") {
+			if f.Budget != nil && !seen[f.Name] && keyFigure[f.Name] {
 				seen[f.Name] = true
 				parts = append(parts, f.Measured)
 			}

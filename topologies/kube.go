@@ -32,6 +32,18 @@ func CreateService(ctx context.Context, kube kubernetes.Interface, svc *corev1.S
 // ReadyEndpoints returns the sorted addresses of ready endpoints in the
 // EndpointSlices of a Service.
 func ReadyEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, service string) ([]netip.Addr, error) {
+	return endpointAddrs(ctx, kube, namespace, service, true)
+}
+
+// ListedEndpoints returns the sorted addresses of every endpoint in the
+// EndpointSlices of a Service, ready or not: a terminating endpoint is still
+// listed, and a dataplane may keep serving the flows it has (kube-proxy keeps
+// those of a terminating endpoint that is still serving).
+func ListedEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, service string) ([]netip.Addr, error) {
+	return endpointAddrs(ctx, kube, namespace, service, false)
+}
+
+func endpointAddrs(ctx context.Context, kube kubernetes.Interface, namespace, service string, onlyReady bool) ([]netip.Addr, error) {
 	slices, err := kube.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{
 		LabelSelector: discoveryv1.LabelServiceName + "=" + service,
 	})
@@ -41,7 +53,7 @@ func ReadyEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, s
 	var out []netip.Addr
 	for _, s := range slices.Items {
 		for _, ep := range s.Endpoints {
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+			if onlyReady && ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
 				continue
 			}
 			for _, a := range ep.Addresses {
@@ -58,6 +70,18 @@ func ReadyEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, s
 // WaitForEndpoints waits until the EndpointSlices of a Service list exactly the given
 // pods as ready endpoints (the endpointslice controller has caught up), or ctx ends.
 func WaitForEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, service string, pods ...Pod) error {
+	return waitForEndpoints(ctx, kube, namespace, service, "ready", ReadyEndpoints, pods)
+}
+
+// WaitForListedEndpoints waits until the EndpointSlices of a Service list exactly the
+// given pods, and no other endpoint, ready or not (a removed pod's endpoint may be
+// listed as terminating before it goes), or ctx ends.
+func WaitForListedEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, service string, pods ...Pod) error {
+	return waitForEndpoints(ctx, kube, namespace, service, "", ListedEndpoints, pods)
+}
+
+func waitForEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, service, what string,
+	list func(context.Context, kubernetes.Interface, string, string) ([]netip.Addr, error), pods []Pod) error {
 	want := make([]netip.Addr, len(pods))
 	for i, p := range pods {
 		want[i] = p.IP()
@@ -69,14 +93,14 @@ func WaitForEndpoints(ctx context.Context, kube kubernetes.Interface, namespace,
 	var got []netip.Addr
 	var err error
 	for {
-		got, err = ReadyEndpoints(ctx, kube, namespace, service)
+		got, err = list(ctx, kube, namespace, service)
 		if err == nil && slices.Equal(got, want) {
 			return nil
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("EndpointSlices of %s/%s list ready %s, want %s (last error: %v): %w",
-				namespace, service, addrs(got), addrs(want), err, ctx.Err())
+			return fmt.Errorf("EndpointSlices of %s/%s list %s, want %s (last error: %v): %w",
+				namespace, service, strings.TrimSpace(what+" "+addrs(got)), addrs(want), err, ctx.Err())
 		case <-time.After(50 * time.Millisecond):
 		}
 	}

@@ -74,8 +74,11 @@ func udpEndpointChange(ctx context.Context, e *conformance.Env) error {
 			conformance.Record(backendRemoved, old.Name()),
 			conformance.StopServer(oldServer),
 			conformance.RemovePod(old),
+			// Listed at all, not only ready: a dataplane may keep the flows of an
+			// endpoint that is terminating but still serving (kube-proxy does, as for
+			// TCP), and the old one is listed so for a moment after its pod's deletion.
 			conformance.Do("wait until the EndpointSlices list only udp-new", func(ctx context.Context, e *conformance.Env) error {
-				return topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, newcomer)
+				return topologies.WaitForListedEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, newcomer)
 			}),
 			conformance.Record(endpointsUpdated, "udp-new only"),
 		},

@@ -189,7 +189,7 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		}, NodeTimeout(time.Minute))
 		Expect(w.StopProbe(ctx, oldSrv)).To(Succeed())
 		Expect(topo.RemovePod(ctx, old)).To(Succeed())
-		Expect(topologies.WaitForEndpoints(ctx, topo.Kube(), svc.Namespace, svc.Name, newer)).To(Succeed())
+		Expect(topologies.WaitForListedEndpoints(ctx, topo.Kube(), svc.Namespace, svc.Name, newer)).To(Succeed())
 		w.Timeline.Record("endpoints-updated", "")
 		time.Sleep(2 * time.Second)
 		Expect(w.StopProbes(ctx)).To(Succeed())
