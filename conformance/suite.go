@@ -3,7 +3,10 @@ package conformance
 import (
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -104,11 +107,49 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 	if repCfg.JUnitReport == "" {
 		repCfg.JUnitReport = filepath.Join(opts.OutputDir, "junit.xml")
 	}
-	suiteCfg.FocusStrings = append(suiteCfg.FocusStrings, opts.Focus...)
+	if len(opts.Focus) > 0 {
+		focus, err := FocusOnIDs(opts.Focus)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "dpconform:", err)
+			t.Fail()
+			return false
+		}
+		suiteCfg.FocusStrings = append(suiteCfg.FocusStrings, focus)
+	}
 	if len(r.cfg.Profiles) > 0 && suiteCfg.LabelFilter == "" {
 		suiteCfg.LabelFilter = strings.Join(profileStrings(r.cfg.Profiles), " || ")
 	}
 	return ginkgo.RunSpecs(t, "dpconform conformance: "+r.info.Name, suiteCfg, repCfg, ginkgo.Labels{"dpconform"})
+}
+
+// FocusOnIDs turns regular expressions over spec IDs (SuiteOptions.Focus) into the
+// one Ginkgo focus that selects exactly the specs whose ID one of them matches.
+// Ginkgo matches a focus against a spec's full text, its containers' texts and then
+// the ID, where ^ would not mean the start of the ID.
+func FocusOnIDs(exprs []string) (string, error) {
+	var ids []string
+	for _, s := range Specs() {
+		ids = append(ids, s.ID)
+	}
+	return focusOn(exprs, ids)
+}
+
+func focusOn(exprs, ids []string) (string, error) {
+	var res []*regexp.Regexp
+	for _, e := range exprs {
+		re, err := regexp.Compile(e)
+		if err != nil {
+			return "", fmt.Errorf("focus %q is not a regular expression: %w", e, err)
+		}
+		res = append(res, re)
+	}
+	var picked []string
+	for _, id := range ids {
+		if slices.ContainsFunc(res, func(re *regexp.Regexp) bool { return re.MatchString(id) }) {
+			picked = append(picked, regexp.QuoteMeta(id))
+		}
+	}
+	return "(^| )(" + strings.Join(picked, "|") + ")$", nil
 }
 
 func checkEntry(c CheckResult) string {

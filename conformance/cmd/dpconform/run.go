@@ -40,6 +40,9 @@ func run(args []string) error {
 	if *drv == "" {
 		return errors.New("--driver is required: the path of your implementation's driver executable (see docs/driver.md)")
 	}
+	if _, err := conformance.FocusOnIDs(focus); err != nil {
+		return fmt.Errorf("--focus: %w", err)
+	}
 	if *repeat < 1 {
 		return fmt.Errorf("--repeat %d: want at least 1 (the number of runs of each spec)", *repeat)
 	}
