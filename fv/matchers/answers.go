@@ -88,15 +88,11 @@ func evalAnswers(w timeline.Window, o options, dl *deadline) (outcome, error) {
 	}
 	judged := w.Start
 	if dl != nil {
-		for _, t := range w.Transitions {
-			if t.Name == dl.after {
-				dl.at = t.Time
-				break
-			}
-		}
-		if dl.at == 0 {
+		at, ok := transition(w, dl.after)
+		if !ok {
 			return outcome{}, fmt.Errorf("no %q event on the timeline", dl.after)
 		}
+		dl.at = at
 		judged = dl.at.Add(dl.limit)
 		if judged >= w.End {
 			return outcome{}, fmt.Errorf("the window ends %s, before the deadline %s", w.Relative(w.End), w.Relative(judged))

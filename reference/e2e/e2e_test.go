@@ -14,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/kubeproxy"
 	"github.com/dpconform/dpconform/fv/matchers"
@@ -115,9 +114,9 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		Expect(w.StartAll(ctx)).To(Succeed())
 	}, SpecTimeout(2*time.Minute))
 
-	// restartUnderTraffic restarts node-a's agent (with drv) while new connections and
-	// streams run, and returns the window of the transition.
-	restartUnderTraffic := func(ctx context.Context, drv driver.Driver, crash bool) timeline.Window {
+	// restartUnderTraffic restarts node-a's agent while new connections and streams
+	// run, and returns the window of the transition.
+	restartUnderTraffic := func(ctx context.Context, crash bool) timeline.Window {
 		GinkgoHelper()
 		w.Timeline = timeline.New()
 		for _, t := range append(append([]target{}, targets...), direct...) {
@@ -134,7 +133,6 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		} else {
 			Expect(w.Stop(ctx, nodeA)).To(Succeed())
 		}
-		w.Driver = drv
 		Expect(w.Start(ctx, nodeA)).To(Succeed())
 		Expect(w.WaitReady(ctx, nodeA)).To(Succeed())
 		time.Sleep(3 * time.Second)
@@ -150,7 +148,7 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 			how = "a crash and start"
 		}
 		It("keeps new connections and established streams through "+how, func(ctx SpecContext) {
-			win := restartUnderTraffic(ctx, newDriver(), crash)
+			win := restartUnderTraffic(ctx, crash)
 			Expect(win).To(matchers.HaveNoFailedAttempts())
 			Expect(win).To(matchers.HaveNoResets())
 			Expect(win).To(matchers.HaveStreamGapsWithin(200 * time.Millisecond))

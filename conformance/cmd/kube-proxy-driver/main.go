@@ -33,19 +33,8 @@ const EnvMode = "DPC_KUBE_PROXY_MODE"
 // features are what kube-proxy implements of the Core profile.
 var features = []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP"}
 
-// budgets are the verbs' deadlines, inside the contract's timeouts
-// (fv/driver.DefaultTimeouts).
-var budgets = driver.Timeouts{
-	Start:   20 * time.Second,
-	Status:  3 * time.Second,
-	Stop:    30 * time.Second,
-	Kill:    5 * time.Second,
-	Collect: 45 * time.Second,
-	Cleanup: 45 * time.Second,
-}
-
 func main() {
-	funcs := skel.AgentFuncs(agentFor, budgets)
+	funcs := skel.AgentFuncs(agentFor, skel.ProcessBudgets)
 	funcs.Info = info
 	// No Events: kube-proxy reports no policy verdicts (it implements Services only
 	// and does not claim the Observability profile).

@@ -19,7 +19,6 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
-	"time"
 
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/driver/skel"
@@ -39,19 +38,8 @@ const EnvBinary = "DPC_KUBE_ROUTER"
 // exercise; Services are not its business here (no service proxy).
 var features = []string{"NetworkPolicy", "TCP", "UDP"}
 
-// budgets are the verbs' deadlines, inside the contract's timeouts
-// (fv/driver.DefaultTimeouts).
-var budgets = driver.Timeouts{
-	Start:   20 * time.Second,
-	Status:  3 * time.Second,
-	Stop:    30 * time.Second,
-	Kill:    5 * time.Second,
-	Collect: 45 * time.Second,
-	Cleanup: 45 * time.Second,
-}
-
 func main() {
-	funcs := skel.AgentFuncs(agentFor, budgets)
+	funcs := skel.AgentFuncs(agentFor, skel.ProcessBudgets)
 	funcs.Info = info
 	// No Events: kube-router logs its drops to NFLOG group 100 (rate-limited to 10 a
 	// minute per pod), which is no complete verdict stream; it does not claim the

@@ -35,6 +35,19 @@ type Agent interface {
 // mode, say) is built for them, and one that runs is managed whatever they were.
 type AgentFor func(n Node, start *driver.StartOptions) (Agent, error)
 
+// ProcessBudgets are deadlines for the verbs of a driver that runs its agent as a
+// process in the node (as the kube-proxy and kube-router drivers do), inside the
+// contract's timeouts (driver.DefaultTimeouts): an agent that starts, stops and is
+// inspected locally never needs more.
+var ProcessBudgets = driver.Timeouts{
+	Start:   20 * time.Second,
+	Status:  3 * time.Second,
+	Stop:    30 * time.Second,
+	Kill:    5 * time.Second,
+	Collect: 45 * time.Second,
+	Cleanup: 45 * time.Second,
+}
+
 // AgentFuncs returns the node verbs of a driver whose implementation is one agent
 // process per node: start, status, stop, kill, collect and cleanup, each with the
 // agent agentFor builds for the call's node, under a deadline of its budget in

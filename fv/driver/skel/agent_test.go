@@ -195,3 +195,16 @@ func TestNetNSOnly(t *testing.T) {
 		t.Errorf("reply %v, want %v", reply, want)
 	}
 }
+
+// A driver built on ProcessBudgets answers every verb inside the contract's timeout.
+func TestProcessBudgetsFitTheContract(t *testing.T) {
+	b, c := skel.ProcessBudgets, driver.DefaultTimeouts
+	for _, v := range []struct {
+		verb          string
+		budget, limit time.Duration
+	}{{"start", b.Start, c.Start}, {"status", b.Status, c.Status}, {"stop", b.Stop, c.Stop}, {"kill", b.Kill, c.Kill}, {"collect", b.Collect, c.Collect}, {"cleanup", b.Cleanup, c.Cleanup}} {
+		if v.budget <= 0 || v.budget >= v.limit {
+			t.Errorf("%s: budget %s, want more than 0 and less than the contract's %s", v.verb, v.budget, v.limit)
+		}
+	}
+}
