@@ -176,11 +176,20 @@ func (cp *ControlPlane) RESTConfig() *rest.Config { return rest.CopyConfig(cp.re
 // network namespace that reaches BindIP.
 func (cp *ControlPlane) Kubeconfig() string { return cp.kubeconfig }
 
-// Stop stops the processes in reverse start order and returns the first error.
+// Stop stops the processes in reverse start order and returns their errors.
+//
+// kube-apiserver is killed rather than asked to stop: on SIGTERM it drains for 1.1 s
+// (measured on v1.37.2 with nothing connected), it keeps no state of its own, and the
+// store behind it is thrown away with the control plane. Over a self-test of a
+// hundred control planes that drain would cost two minutes.
 func (cp *ControlPlane) Stop() error {
 	var errs []error
 	for i := len(cp.procs) - 1; i >= 0; i-- {
-		errs = append(errs, cp.procs[i].Stop(10*time.Second))
+		grace := 10 * time.Second
+		if cp.procs[i].Name == "kube-apiserver" {
+			grace = 0
+		}
+		errs = append(errs, cp.procs[i].Stop(grace))
 	}
 	cp.procs = nil
 	return errors.Join(errs...)

@@ -76,16 +76,19 @@ func (p *Process) Err() error {
 	return p.err
 }
 
-// Stop sends SIGTERM to the process group, waits up to grace, then SIGKILLs it.
+// Stop sends SIGTERM to the process group, waits up to grace, then SIGKILLs it; a
+// zero grace kills it at once.
 func (p *Process) Stop(grace time.Duration) error {
 	if p.Exited() {
 		return nil
 	}
-	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
-	select {
-	case <-p.done:
-		return nil
-	case <-time.After(grace):
+	if grace > 0 {
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+		select {
+		case <-p.done:
+			return nil
+		case <-time.After(grace):
+		}
 	}
 	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
 	select {
