@@ -8,8 +8,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -63,19 +65,32 @@ func runSpec(ctx context.Context, s conformance.Spec, faults ...string) conforma
 // runWith runs one spec against the driver at path.
 func runWith(ctx context.Context, s conformance.Spec, path, name string, budgets conformance.Budgets, env ...string) conformance.Result {
 	GinkgoHelper()
+	res, err := run(ctx, s, path, name, budgets, env...)
+	Expect(err).NotTo(HaveOccurred())
+	return res
+}
+
+// run is runWith without Gomega, for runs off the spec's goroutine.
+func run(ctx context.Context, s conformance.Spec, path, name string, budgets conformance.Budgets, env ...string) (conformance.Result, error) {
 	d, err := driver.NewExec(path, driver.DefaultTimeouts, env...)
-	Expect(err).NotTo(HaveOccurred())
+	if err != nil {
+		return conformance.Result{}, err
+	}
 	prog, err := probe.Self()
-	Expect(err).NotTo(HaveOccurred())
+	if err != nil {
+		return conformance.Result{}, err
+	}
 	r, err := conformance.NewRunner(ctx, conformance.Config{
 		Driver: d, Probe: prog, Budgets: budgets,
 		OutputDir: filepath.Join("..", "..", "_output", "selftest", s.ID, name),
-		Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
+		Logf:      func(f string, a ...any) { GinkgoWriter.Printf(s.ID+" "+name+": "+f+"\n", a...) },
 	})
-	Expect(err).NotTo(HaveOccurred())
+	if err != nil {
+		return conformance.Result{}, err
+	}
 	res := r.Run(ctx, s)
 	GinkgoWriter.Printf("%s with %s: %s %s\n", s.ID, name, res.Result, res.Reason)
-	return res
+	return res, nil
 }
 
 // stubDriver writes a driver that claims Core, ModeSwitch and Policy and does nothing: its agent is
@@ -105,9 +120,108 @@ var _ = Describe("the catalogue", func() {
 	})
 })
 
+// stubWorkers is how many stub runs share the machine at once. A stub is judged on
+// what it never does (program anything, become ready), not on timing, so unlike the
+// reference's runs they need not have the machine to themselves; their world's
+// bring-up is most of their time, and two at once use both cores.
+const stubWorkers = 2
+
+// stubRun is one run against a stub, started in the background.
+type stubRun struct {
+	spec    conformance.Spec
+	ready   bool
+	name    string
+	text    string // its spec's text, as focus matches it
+	driver  string
+	budgets conformance.Budgets
+	queued  bool
+	done    chan struct{}
+	res     conformance.Result
+	err     error
+}
+
+// result returns the run's result once it is there; a run that was not started in
+// the background (its spec looked unselected) runs now.
+func (r *stubRun) result(ctx context.Context) (conformance.Result, error) {
+	if !r.queued {
+		return run(ctx, r.spec, r.driver, r.name, r.budgets)
+	}
+	select {
+	case <-r.done:
+		return r.res, r.err
+	case <-ctx.Done():
+		return conformance.Result{}, fmt.Errorf("waiting for %s against the stub that %s: %w", r.spec.ID, r.name, ctx.Err())
+	}
+}
+
+// selected guesses whether Ginkgo will run the spec with this full text, from the
+// focus and skip expressions it was given, so that a focused self-test does not start
+// every stub run in the background. A wrong guess costs time, never a verdict: a spec
+// whose run was not started runs it itself.
+func selected(text string) bool {
+	cfg, _ := GinkgoConfiguration()
+	match := func(exprs []string) bool {
+		re, err := regexp.Compile(strings.Join(exprs, "|"))
+		return err != nil || re.MatchString(text)
+	}
+	return (len(cfg.FocusStrings) == 0 || match(cfg.FocusStrings)) && (len(cfg.SkipStrings) == 0 || !match(cfg.SkipStrings))
+}
+
 // Preconditions are proven, not assumed: an implementation that does nothing fails
-// every spec, and so does one that never becomes ready.
-var _ = Describe("a stub implementation", func() {
+// every spec, and so does one that never becomes ready. The runs start together, in
+// stubWorkers goroutines, and each spec below judges its own.
+var _ = Describe("a stub implementation", Ordered, func() {
+	var runs []*stubRun
+	stub := func(s conformance.Spec, ready bool, text string) *stubRun {
+		r := &stubRun{spec: s, ready: ready, text: "a stub implementation " + text, budgets: conformance.DefaultBudgets, done: make(chan struct{})}
+		if ready {
+			r.name = "does-nothing"
+			r.budgets.Programmed = time.Second // it will never be programmed: do not wait 10 s for that
+			r.budgets.PolicyProgrammed = time.Second
+		} else {
+			r.name = "never-ready"
+			r.budgets.Ready = 2 * time.Second
+		}
+		runs = append(runs, r)
+		return r
+	}
+	BeforeAll(func() {
+		dir := GinkgoT().TempDir()
+		drivers := map[bool]string{true: stubDriver(dir, true), false: stubDriver(dir, false)}
+		var queued []*stubRun
+		for _, r := range runs {
+			r.driver = drivers[r.ready]
+			if r.queued = selected(r.text); r.queued {
+				queued = append(queued, r)
+			}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		queue := make(chan *stubRun)
+		var wg sync.WaitGroup
+		for range stubWorkers {
+			wg.Go(func() {
+				for r := range queue {
+					r.res, r.err = run(ctx, r.spec, r.driver, r.name, r.budgets)
+					close(r.done)
+				}
+			})
+		}
+		go func() {
+			defer close(queue)
+			for _, r := range queued {
+				select {
+				case queue <- r:
+				case <-ctx.Done():
+					return
+				}
+			}
+		}()
+		// After the last spec, or on an interrupt: stop what still runs, and wait
+		// for its world to be torn down.
+		DeferCleanup(wg.Wait)
+		DeferCleanup(cancel)
+	})
+
 	neverReady := map[string]bool{}
 	// needsNeverReady reports whether s proves "never ready fails" on its own. When a
 	// spec's Setup starts the implementation on some node, the runner waits for it to
@@ -136,25 +250,26 @@ var _ = Describe("a stub implementation", func() {
 		if s.ID == "POLICY-TRUTH-TABLE" {
 			want = matchers.KindDelivered
 		}
-		It("that does nothing fails "+s.ID+" ("+string(want)+")", func(ctx SpecContext) {
-			b := conformance.DefaultBudgets
-			b.Programmed = 3 * time.Second // it will never be programmed: do not wait 10 s for that
-			b.PolicyProgrammed = time.Second
-			res := runWith(ctx, s, stubDriver(GinkgoT().TempDir(), true), "does-nothing", b)
+		text := "that does nothing fails " + s.ID + " (" + string(want) + ")"
+		nothing := stub(s, true, text)
+		It(text, func(ctx SpecContext) {
+			res, err := nothing.result(ctx)
+			Expect(err).NotTo(HaveOccurred())
 			Expect(res.Result).To(Equal(conformance.Failed), "%s: %s", res.Result, res.Reason)
 			Expect(res.FailedKinds()).To(ContainElement(want), res.Reason)
-		}, SpecTimeout(2*time.Minute))
+		}, SpecTimeout(3*time.Minute))
 
 		if !needsNeverReady(s) {
 			continue
 		}
-		It("that never becomes ready fails "+s.ID+" as not ready", func(ctx SpecContext) {
-			b := conformance.DefaultBudgets
-			b.Ready = 2 * time.Second
-			res := runWith(ctx, s, stubDriver(GinkgoT().TempDir(), false), "never-ready", b)
+		text = "that never becomes ready fails " + s.ID + " as not ready"
+		never := stub(s, false, text)
+		It(text, func(ctx SpecContext) {
+			res, err := never.result(ctx)
+			Expect(err).NotTo(HaveOccurred())
 			Expect(res.Result).To(Equal(conformance.Failed), "%s: %s", res.Result, res.Reason)
 			Expect(res.FailedKinds()).To(Equal([]conformance.FailureKind{conformance.KindNotReady}), res.Reason)
-		}, SpecTimeout(2*time.Minute))
+		}, SpecTimeout(3*time.Minute))
 	}
 })
 
