@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
@@ -98,10 +99,11 @@ func runRole(role string, args []string) int {
 			return 1
 		}
 		fmt.Println("listening")
-		var held []net.Conn
+		var held []net.Conn // referenced, so that no finalizer closes them
 		for {
 			c, err := l.Accept()
 			if err != nil {
+				runtime.KeepAlive(held)
 				return 1
 			}
 			held = append(held, c)
