@@ -840,7 +840,11 @@ func (a *Agent) syncServices(hostIPs []netip.Addr, hostsOK bool) error {
 			a.log.Warn("fault: service applies write additions only until a Service or EndpointSlice changes", "fault", faults.AdoptWithoutReconcile)
 		}
 	}
-	st, err := a.syncer.Apply(services.Compute(svcs, epSlices, hostIPs), complete)
+	desired := services.Compute(svcs, epSlices, hostIPs)
+	if a.cfg.Faults.Has(faults.ServeNotReadyEndpoints) {
+		desired = services.Listed(svcs, epSlices, hostIPs)
+	}
+	st, err := a.syncer.Apply(desired, complete)
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,12 @@ const (
 	// blackhole, for as long as it keeps sending (kubernetes issue 59368, the stale
 	// UDP conntrack kube-proxy deletes).
 	KeepUDPConntrackOnBackendRemoval = "keep-udp-conntrack-on-backend-removal"
+	// ServeNotReadyEndpoints: the agent takes every endpoint the EndpointSlices list
+	// as a backend, ready or not, so a terminating pod (ready false) goes on taking new
+	// connections until its endpoint goes, and they fail once its process stops: the
+	// omission of load balancers that do not read the ready condition
+	// (ovn-kubernetes PR 3240, nghttpx-ingress-lb PR 157).
+	ServeNotReadyEndpoints = "serve-not-ready-endpoints"
 	// NoForwardFallthroughAccept: FORWARD lacks the accept for fallthrough packets of
 	// flows the Linux stack's conntrack knows (INPUT keeps its own), so a flow that
 	// predates the datapath and is forwarded from the host interface back out of it,
@@ -116,6 +122,7 @@ var known = map[string]string{
 	UnpinnedConntrack:                "conntrack state does not survive an agent restart",
 	RebuildBackendsInPlace:           "a backend change deletes and re-creates the service in place, conntrack entries included",
 	KeepUDPConntrackOnBackendRemoval: "UDP flows to a backend removed from a Service keep their conntrack entries, and go on to it",
+	ServeNotReadyEndpoints:           "endpoints that are not ready (terminating) stay backends for new connections",
 	NoForwardFallthroughAccept:       "FORWARD has no accept for fallthrough packets of flows Linux conntrack knows (Calico PR 13778)",
 	NoKubeProxyCleanup:               "kube-proxy's rules are never removed",
 	CleanupBeforeAttach:              "kube-proxy's rules are removed at start, before programs are attached and services written",
