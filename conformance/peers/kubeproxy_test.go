@@ -45,7 +45,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 // by the kinds of failure they show (docs/kube-proxy.md, "Behaviour a spec may trip
 // on"): with masquerade to one backend at hundreds of new connections a second,
 // nf_nat now and then picks a source port whose tuple the backend still holds in
-// TIME_WAIT, and that SYN is retried after 1 s: a timeout, never a reset.
+// TIME_WAIT, and that SYN is retried after 1 s: a timeout, never a reset. And the
+// streams of a backend that vanished without closing them hang: kube-proxy leaves TCP
+// conntrack alone.
 //
 // In the ModeSwitch profile (iptables mode to nftables mode, docs/kube-proxy.md): the
 // nftables mode removes the iptables rules before it programs its own, so new
@@ -59,6 +61,9 @@ var knownKubeProxy = map[string][]conformance.FailureKind{
 	"SWITCH-CLEANUP":         {conformance.KindNotFlowing},
 	// The NodePorts on node-a's IP are masqueraded like those of the restart specs.
 	"NODE-ADDRESS-CHANGE": {matchers.KindTimeout},
+	// kube-proxy never ends a TCP flow: those of a backend that vanished without a
+	// FIN stay DNATed to it, silent, until the client gives up.
+	"SVC-ENDPOINT-VANISH": {matchers.KindHang},
 }
 
 // knownKubeProxyIn adds, per mode, the documented behaviours of that mode alone: in

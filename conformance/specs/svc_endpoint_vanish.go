@@ -2,6 +2,7 @@ package specs
 
 import (
 	"context"
+	"fmt"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
@@ -11,18 +12,22 @@ import (
 
 func init() {
 	conformance.Register(conformance.Spec{
-		ID:          "SVC-ENDPOINT-VANISH",
-		Profile:     conformance.Core,
-		Features:    []conformance.Feature{conformance.FeatureClusterIP},
-		Description: "When a Service's backend vanishes without closing its connections (its network goes first), streams to the backend that stays are unaffected, and streams to the vanished one end instead of hanging silently.",
+		ID:       "SVC-ENDPOINT-VANISH",
+		Profile:  conformance.Core,
+		Features: []conformance.Feature{conformance.FeatureClusterIP},
+		Description: "When a Service's backend vanishes without closing its connections (its network goes first, no FIN), streams to the backend that stays are unaffected, " +
+			"streams to the vanished one end (the dataplane resets them) instead of hanging silently, and new connections stop going to it.",
 		Catches: []conformance.FaultCase{
-			{Fault: "rebuild-backends-in-place", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindGap, matchers.KindNotAlive}},
+			{Fault: "keep-flows-to-gone-backends", Kinds: []conformance.FailureKind{matchers.KindHang}},
 		},
 		Body: endpointVanish,
 	})
 }
 
-const backendVanished = "backend-vanished"
+const (
+	backendVanished = "backend-vanished"
+	vanishConnect   = "vanish-connect"
+)
 
 func endpointVanish(ctx context.Context, e *conformance.Env) error {
 	nodes := e.Topo.Nodes()
@@ -52,11 +57,17 @@ func endpointVanish(ctx context.Context, e *conformance.Env) error {
 		return err
 	}
 	onKeep := matchers.OnBackends(keep.Name())
+	budget := e.Budgets.EndpointProgrammed
 	return e.Run(ctx, conformance.Scenario{
-		Traffic: []conformance.Traffic{{From: client, Probe: e.Stream("vanish", svc.ClusterIPAddr(), churnStreams)}},
+		Traffic: []conformance.Traffic{
+			{From: client, Probe: e.Stream("vanish", svc.ClusterIPAddr(), churnStreams)},
+			{From: client, Probe: e.Connect(vanishConnect, svc.ClusterIPAddr())},
+		},
 		Preconditions: []conformance.Check{
 			{Name: "every stream carries echoes before the change", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap)},
 			{Name: "the Service spreads the streams over both backends", Matcher: matchers.HaveStreamsOn(keep.Name(), gone.Name())},
+			{Name: "every new connection succeeds before the change",
+				Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(vanishConnect), matchers.Backends(keep.Name(), gone.Name()))},
 		},
 		Transition: []conformance.Step{
 			conformance.Record(backendVanished, gone.Name()),
@@ -70,8 +81,13 @@ func endpointVanish(ctx context.Context, e *conformance.Env) error {
 			{Name: "no reset on the streams to the backend that stays", Matcher: matchers.HaveNoResets(onKeep)},
 			{Name: "no gap over budget on streams to the backend that stays", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, onKeep)},
 			{Name: "streams to the backend that stays alive at the end", Matcher: matchers.BeAliveAtEnd(onKeep)},
+			// The vanished pod sends nothing: only the dataplane, told by the
+			// EndpointSlices, can end its flows.
 			{Name: "the streams to the vanished backend end instead of hanging",
-				Matcher: matchers.HaveStreamsEndedWithin(backendVanished, e.Budgets.EndWithin, matchers.OnBackends(gone.Name()))},
+				Matcher: matchers.HaveStreamsEndedWithin(endpointsUpdated, e.Budgets.EndWithin, matchers.OnBackends(gone.Name()))},
+			// Until then the vanished backend's connections time out: it is gone.
+			{Name: fmt.Sprintf("every new connection succeeds, on vanish-keep, from %s after the EndpointSlices stop listing vanish-gone", budget),
+				Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(vanishConnect), matchers.Backends(keep.Name()), matchers.From(endpointsUpdated, budget))},
 		},
 	})
 }
