@@ -95,3 +95,47 @@ func dnatFlowEntries(table map[ConntrackKey]ConntrackValue, flows []DNATFlows) [
 	}
 	return out
 }
+
+// MarkDNATFlowsGone flags the original conntrack entry of every TCP flow DNATed
+// from one of flows' frontends to its backend with ConntrackBackendGone: the
+// backend has gone (its pod is not listed any more), and may have gone without
+// closing its connections (a lost node or sandbox), so nothing would tell their
+// clients. The programs answer a pod's next packet on such a flow with a RST from
+// the frontend and delete its entries; a SYN on its tuple picks a backend again.
+// UDP flows are not flagged (DeleteDNATFlows is theirs).
+//
+// It reads the whole table (in batches) once, and each entry again just before
+// flagging it, so what a packet wrote since (its last-seen time, a FIN) is kept
+// but for the packets of that moment. It returns the number of entries flagged.
+func (d *Datapath) MarkDNATFlowsGone(flows []DNATFlows) (int, error) {
+	if len(flows) == 0 {
+		return 0, nil
+	}
+	all, err := d.conntrack.All()
+	if err != nil {
+		return 0, fmt.Errorf("mark DNAT flows gone: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, k := range dnatFlowEntries(all, flows) {
+		if k.Proto != TCP || all[k].Flags&(ConntrackReply|ConntrackSNATReply) != 0 {
+			continue
+		}
+		var v ConntrackValue
+		if err := d.conntrack.m.Lookup(k, &v); err != nil {
+			if !errors.Is(err, ebpf.ErrKeyNotExist) { // else evicted meanwhile by the LRU
+				errs = append(errs, fmt.Errorf("look up conntrack entry %s: %w", k, err))
+			}
+			continue
+		}
+		v.Flags |= ConntrackBackendGone
+		switch err := d.conntrack.m.Update(k, v, ebpf.UpdateExist); {
+		case err == nil:
+			n++
+		case errors.Is(err, ebpf.ErrKeyNotExist):
+		default:
+			errs = append(errs, fmt.Errorf("flag conntrack entry %s: %w", k, err))
+		}
+	}
+	return n, errors.Join(errs...)
+}

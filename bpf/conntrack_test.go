@@ -1,6 +1,8 @@
 package bpf
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"slices"
 	"strings"
@@ -159,4 +161,92 @@ func TestNodePortUDPFlowEntriesDeleted(t *testing.T) {
 	}
 	r, got = runPacket(t, d.objs.TcHostIngress, udp(client, nodePort))
 	expect(t, "the next datagram at host ingress", r, got, tcActOK, MarkSeen, client, remotePod2)
+}
+
+// A TCP flow whose backend has gone is flagged; the client pod's next packet on it
+// is answered with a RST from the ClusterIP, in window for the client (the
+// sequence number it acknowledged, an ACK of what it sent), back out of the
+// interface it came in on, and the flow is forgotten: the next SYN on the tuple
+// picks a backend the service has now.
+func TestGoneBackendFlowIsReset(t *testing.T) {
+	d := setup(t, Options{})
+	fe := service(t, d, clusterIP, TCP, 7, remotePod)
+	udpFE := service(t, d, clusterIP, UDP, 8, remotePod)
+	r, got := runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpSYN))
+	expect(t, "SYN", r, got, tcActOK, MarkSeen, clientPod, remotePod)
+	r, got = runPacket(t, d.objs.TcEpIngress, udp(clientPod, clusterIP))
+	expect(t, "datagram", r, got, tcActOK, MarkSeen, clientPod, remotePod)
+
+	service(t, d, clusterIP, TCP, 9, remotePod2)
+	n, err := d.MarkDNATFlowsGone([]DNATFlows{{Frontend: fe, Backend: backend(remotePod)}, {Frontend: udpFE, Backend: backend(remotePod)}})
+	must(t, err)
+	if n != 1 {
+		t.Errorf("flagged %d entries, want the TCP flow's original entry", n)
+	}
+	if v := ctEntry(t, d, clientPod, clusterIP, TCP); v.Flags != ConntrackDNAT|ConntrackBackendGone {
+		t.Errorf("original entry flags %v, want DNAT|backend-gone", v.Flags)
+	}
+	if v := ctEntry(t, d, clientPod, clusterIP, UDP); v.Flags&ConntrackBackendGone != 0 {
+		t.Errorf("the UDP flow was flagged: %+v", v)
+	}
+
+	in := tcp(clientPod, clusterIP, tcpACK|tcpPSH) // seq 1000, ack 2000, 5 bytes
+	r = run(t, d.objs.TcEpIngress, in.Bytes(), 0)
+	if r.Ret != tcActRedirect {
+		t.Fatalf("returned %d, want TC_ACT_REDIRECT (%d)", r.Ret, tcActRedirect)
+	}
+	if len(r.Out) != 14+20+20 {
+		t.Errorf("RST is %d bytes, want 54 (no payload, no options)", len(r.Out))
+	}
+	rst, err := parsePacket(r.Out)
+	must(t, err)
+	if rst.Src != ipp(clusterIP) || rst.Dst != ipp(clientPod) || rst.Proto != TCP {
+		t.Errorf("RST %s, want %s->%s TCP", rst, clusterIP, clientPod)
+	}
+	if rst.TCPFlags != tcpRST|tcpACK || len(rst.Payload) != 0 {
+		t.Errorf("flags %#x and %d bytes of payload, want RST|ACK and none", rst.TCPFlags, len(rst.Payload))
+	}
+	if !bytes.Equal(r.Out[0:6], macB) || !bytes.Equal(r.Out[6:12], macA) {
+		t.Errorf("MACs % x -> % x, want the packet's swapped: % x -> % x", r.Out[6:12], r.Out[0:6], macA, macB)
+	}
+	l4 := r.Out[34:]
+	if seq, ack := binary.BigEndian.Uint32(l4[4:]), binary.BigEndian.Uint32(l4[8:]); seq != 2000 || ack != 1005 {
+		t.Errorf("seq %d ack %d, want 2000 (what the client acknowledged) and 1005 (its data acknowledged)", seq, ack)
+	}
+	if r.Mark&MarkMask != 0 {
+		t.Errorf("mark %#x keeps the datapath's bits", r.Mark)
+	}
+	for _, k := range []ConntrackKey{ctKey(clientPod, clusterIP, TCP), ctKey(remotePod, clientPod, TCP)} {
+		if _, err := d.Conntrack().Lookup(k); !errors.Is(err, ebpf.ErrKeyNotExist) {
+			t.Errorf("entry %s still there: %v", k, err)
+		}
+	}
+
+	// The RST leaves towards the client untouched: no entry knows it now.
+	r, got = runPacket(t, d.objs.TcEpEgress, tcp(clusterIP, clientPod, tcpRST|tcpACK))
+	expect(t, "RST towards the client", r, got, tcActOK, 0, clusterIP, clientPod)
+
+	// A SYN on the tuple is a new flow, to the service's backend now.
+	r, got = runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpSYN))
+	expect(t, "SYN after the reset", r, got, tcActOK, MarkSeen, clientPod, remotePod2)
+}
+
+// A flagged flow whose client sends a RST itself, or a SYN, gets no RST back.
+func TestGoneBackendFlowClientRSTOrSYN(t *testing.T) {
+	d := setup(t, Options{})
+	fe := service(t, d, clusterIP, TCP, 7, remotePod)
+	for _, tc := range []struct {
+		flags uint8
+		ret   uint32
+	}{{tcpRST | tcpACK, tcActShot}, {tcpSYN, tcActOK}} {
+		r, _ := runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpSYN))
+		if r.Ret != tcActOK {
+			t.Fatalf("SYN returned %d", r.Ret)
+		}
+		_, err := d.MarkDNATFlowsGone([]DNATFlows{{Frontend: fe, Backend: backend(remotePod)}})
+		must(t, err)
+		if r = run(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tc.flags).Bytes(), 0); r.Ret != tc.ret {
+			t.Errorf("flags %#x: returned %d, want %d", tc.flags, r.Ret, tc.ret)
+		}
+	}
 }

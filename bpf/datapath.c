@@ -22,6 +22,7 @@
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
+#include <linux/tcp.h>
 #include <bpf/bpf_helpers.h>
 
 #include "datapath.h"
@@ -41,6 +42,99 @@ struct {
 	__type(value, struct endpoint_value);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } dpc_endpoints SEC(".maps");
+
+static __always_inline __u16 csum_fold(__s64 sum)
+{
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	return (__u16)~sum;
+}
+
+/* reset_gone answers p, a client's packet on a TCP flow whose backend has gone
+ * (DPC_CT_BACKEND_GONE on its original entry ct), with a RST|ACK from the
+ * frontend it sent to, back out of the interface it came in on, and forgets
+ * the flow. The RST's sequence number is the one the client acknowledged, so
+ * its stack takes it as in window. The packet is rewritten in place: MACs,
+ * addresses and ports swapped, payload and TCP options trimmed, both
+ * checksums computed afresh (whatever the skb's checksum state: a veth's
+ * CHECKSUM_PARTIAL skb reaches the pod, which trusts it, with a complete
+ * checksum in place). A RST from the client (or a packet with IP options) is
+ * only dropped, the flow forgotten all the same. */
+static __always_inline int reset_gone(struct __sk_buff *skb, const struct pkt *p,
+				      const struct ct_value *ct)
+{
+	struct ethhdr in_eth, eth = {};
+	struct iphdr in_ip, ip = {};
+	struct tcphdr in_th, th = {};
+	struct {
+		__be32 src;
+		__be32 dst;
+		__u8 zero;
+		__u8 proto;
+		__be16 len;
+	} pseudo = {};
+	struct ct_key r = {
+		.src = ct->nat_addr,
+		.dst = p->tuple.src,
+		.sport = ct->nat_port,
+		.dport = p->tuple.sport,
+		.proto = IPPROTO_TCP,
+	};
+	__u32 payload;
+	__s64 sum;
+
+	bpf_map_delete_elem(&dpc_conntrack, &p->tuple);
+	bpf_map_delete_elem(&dpc_conntrack, &r);
+	if (p->l4_off != IP_OFF + sizeof(struct iphdr) || (p->tcp_flags & TH_RST))
+		return TC_ACT_SHOT;
+	if (bpf_skb_load_bytes(skb, 0, &in_eth, sizeof(in_eth)) < 0 ||
+	    bpf_skb_load_bytes(skb, IP_OFF, &in_ip, sizeof(in_ip)) < 0 ||
+	    bpf_skb_load_bytes(skb, p->l4_off, &in_th, sizeof(in_th)) < 0)
+		return TC_ACT_SHOT;
+	payload = bpf_ntohs(in_ip.tot_len);
+	if (payload < sizeof(in_ip) + in_th.doff * 4)
+		return TC_ACT_SHOT;
+	payload -= sizeof(in_ip) + in_th.doff * 4;
+
+	__builtin_memcpy(eth.h_dest, in_eth.h_source, ETH_ALEN);
+	__builtin_memcpy(eth.h_source, in_eth.h_dest, ETH_ALEN);
+	eth.h_proto = in_eth.h_proto;
+
+	ip.version = 4;
+	ip.ihl = 5;
+	ip.tot_len = bpf_htons(sizeof(ip) + sizeof(th));
+	ip.frag_off = bpf_htons(0x4000); /* DF */
+	ip.ttl = 64;
+	ip.protocol = IPPROTO_TCP;
+	ip.saddr = p->tuple.dst;
+	ip.daddr = p->tuple.src;
+	ip.check = csum_fold(bpf_csum_diff(NULL, 0, (__be32 *)&ip, sizeof(ip), 0));
+
+	th.source = p->tuple.dport;
+	th.dest = p->tuple.sport;
+	if (in_th.ack)
+		th.seq = in_th.ack_seq;
+	th.ack_seq = bpf_htonl(bpf_ntohl(in_th.seq) + payload + in_th.syn + in_th.fin);
+	th.doff = sizeof(th) / 4;
+	th.rst = 1;
+	th.ack = 1;
+	pseudo.src = ip.saddr;
+	pseudo.dst = ip.daddr;
+	pseudo.proto = IPPROTO_TCP;
+	pseudo.len = bpf_htons(sizeof(th));
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&pseudo, sizeof(pseudo), 0);
+	sum = bpf_csum_diff(NULL, 0, (__be32 *)&th, sizeof(th), sum);
+	th.check = csum_fold(sum);
+
+	if (bpf_skb_change_tail(skb, sizeof(eth) + sizeof(ip) + sizeof(th), 0) < 0)
+		return TC_ACT_SHOT;
+	if (bpf_skb_store_bytes(skb, 0, &eth, sizeof(eth), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_OFF, &ip, sizeof(ip), 0) < 0 ||
+	    bpf_skb_store_bytes(skb, IP_OFF + sizeof(ip), &th, sizeof(th), BPF_F_INVALIDATE_HASH) < 0)
+		return TC_ACT_SHOT;
+	set_mark(skb, 0);
+	return bpf_redirect(skb->ifindex, 0);
+}
 
 /* from_iface handles a packet entering the node: on the host interface
  * (ep == NULL) or from the workload ep, whose egress policy judges the new
@@ -86,6 +180,11 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 			return TC_ACT_OK;
 		}
 		if (!is_syn(&p)) {
+			/* Only a pod's flows: a RST out of the host
+			 * interface would need a route back. */
+			if (ep && (ct->flags & DPC_CT_BACKEND_GONE) &&
+			    p.tuple.proto == IPPROTO_TCP)
+				return reset_gone(skb, &p, ct);
 			if ((ct->flags & DPC_CT_DNAT) &&
 			    rewrite(skb, &p, 1, ct->nat_addr, ct->nat_port) < 0)
 				return TC_ACT_SHOT;

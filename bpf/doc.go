@@ -48,7 +48,12 @@
 // packets go to the backend in its entry for as long as the entry lives, so
 // when a backend leaves its service the agent deletes the entries of the UDP
 // flows DNATed to it (Datapath.DeleteDNATFlows), and their next packet picks a
-// backend of the frontend as it is then.
+// backend of the frontend as it is then. A TCP flow whose backend's endpoint is
+// gone (not merely terminating) is flagged ConntrackBackendGone on its original
+// entry (Datapath.MarkDNATFlowsGone): a backend that vanished without closing its
+// connections would leave them silent, so the client pod's next packet on it is
+// answered with a RST from the frontend, sent back out of its interface, and the
+// flow's entries are deleted.
 //
 // A new flow without NAT takes over a tuple whose entry belongs to a flow that is
 // closing (FIN or RST seen) or idle past its timeout: clients reuse source ports,

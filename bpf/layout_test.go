@@ -144,6 +144,7 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"DPC_EP_INGRESS_ISOLATED": uint64(EndpointIngressIsolated),
 		"DPC_EP_EGRESS_ISOLATED":  uint64(EndpointEgressIsolated),
 		"DPC_CT_INGRESS_OK":       uint64(ConntrackIngressOK),
+		"DPC_CT_BACKEND_GONE":     uint64(ConntrackBackendGone),
 		"DPC_IPSETS_MAX":          MaxIPSets,
 		"DPC_POLICY_MAX":          MaxPolicy,
 		"DPC_POLICY_RULES_MAX":    MaxPolicyRules,

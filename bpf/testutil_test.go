@@ -15,8 +15,9 @@ import (
 
 // Return codes of tc programs (linux/pkt_cls.h).
 const (
-	tcActOK   = 0
-	tcActShot = 2
+	tcActOK       = 0
+	tcActShot     = 2
+	tcActRedirect = 7
 )
 
 // requireBPF skips (or fails, under DPC_REQUIRE_PRIVILEGED=1) a test that

@@ -328,6 +328,11 @@ const (
 	// finds (the original entry; for a DNAT flow, the reply entry) and on the
 	// reply entry; a bare SYN that restarts the tuple clears it.
 	ConntrackIngressOK ConntrackFlags = 1 << 6
+	// ConntrackBackendGone: the flow's backend has left its service and is not
+	// listed any more (set by Datapath.MarkDNATFlowsGone on the original entry of
+	// a TCP DNAT flow). A pod's next packet on the flow, other than a SYN, is
+	// answered with a RST from the frontend, and the flow's entries are deleted.
+	ConntrackBackendGone ConntrackFlags = 1 << 7
 )
 
 // ConntrackValue mirrors struct ct_value.

@@ -56,6 +56,14 @@ type Budgets struct {
 	// it moved the flow up to 1.13 s after the update (refdp: before the suite saw
 	// it); the budget is that period twice, for a busy node's slower syncs.
 	UDPRepoint time.Duration `budget:"udp-repoint"`
+	// EndpointProgrammed is how soon after the EndpointSlices of a TCP Service change
+	// its new connections must follow them (SVC-ENDPOINT-CHURN): a backend that
+	// stopped being ready takes none from then on, and one that was added takes some.
+	// It is udp-repoint's reasoning for the same sync: kube-proxy's syncs are
+	// minSyncPeriod (1 s by default) apart, and a removal that comes right after the
+	// sync that added its successor waits for the next; the budget is that period
+	// twice.
+	EndpointProgrammed time.Duration `budget:"endpoint-programmed"`
 	// Ready bounds every wait for an agent to report ready, at set-up and after each
 	// start of a transition. An agent that is not ready by then fails the spec.
 	Ready time.Duration `budget:"ready"`
@@ -99,30 +107,31 @@ type Budgets struct {
 
 // DefaultBudgets are the budgets of the spec catalogue (docs/specs.md).
 var DefaultBudgets = Budgets{
-	Lead:              time.Second,
-	Settle:            3 * time.Second,
-	SteadyState:       time.Second,
-	ConnectInterval:   2 * time.Millisecond,
-	AttemptTimeout:    time.Second,
-	MaxBlind:          250 * time.Millisecond,
-	StreamInterval:    5 * time.Millisecond,
-	StreamMaxGap:      200 * time.Millisecond,
-	AliveWithin:       500 * time.Millisecond,
-	EndWithin:         2 * time.Second,
-	ReconcileWithin:   time.Second,
-	UDPRepoint:        2 * time.Second,
-	Ready:             60 * time.Second,
-	Programmed:        10 * time.Second,
-	SwitchMaxGap:      time.Second,
-	SwitchSettle:      5 * time.Second,
-	WarmStreak:        20,
-	WarmInterval:      10 * time.Millisecond,
-	ControlInterval:   10 * time.Millisecond,
-	ControlMaxBlind:   time.Second,
-	PolicyProgrammed:  5 * time.Second,
-	ReachTimeout:      200 * time.Millisecond,
-	OrderInterval:     250 * time.Microsecond,
-	AddressProgrammed: time.Second,
+	Lead:               time.Second,
+	Settle:             3 * time.Second,
+	SteadyState:        time.Second,
+	ConnectInterval:    2 * time.Millisecond,
+	AttemptTimeout:     time.Second,
+	MaxBlind:           250 * time.Millisecond,
+	StreamInterval:     5 * time.Millisecond,
+	StreamMaxGap:       200 * time.Millisecond,
+	AliveWithin:        500 * time.Millisecond,
+	EndWithin:          2 * time.Second,
+	ReconcileWithin:    time.Second,
+	UDPRepoint:         2 * time.Second,
+	EndpointProgrammed: 2 * time.Second,
+	Ready:              60 * time.Second,
+	Programmed:         10 * time.Second,
+	SwitchMaxGap:       time.Second,
+	SwitchSettle:       5 * time.Second,
+	WarmStreak:         20,
+	WarmInterval:       10 * time.Millisecond,
+	ControlInterval:    10 * time.Millisecond,
+	ControlMaxBlind:    time.Second,
+	PolicyProgrammed:   5 * time.Second,
+	ReachTimeout:       200 * time.Millisecond,
+	OrderInterval:      250 * time.Microsecond,
+	AddressProgrammed:  time.Second,
 }
 
 // Set overrides one budget by its name ("stream-max-gap=300ms", "warm-streak=50").

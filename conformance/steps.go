@@ -105,6 +105,19 @@ func RemovePod(p topologies.Pod) Step {
 	}}
 }
 
+// VanishPod removes a pod as a lost sandbox does, its network first so that its
+// peers hear no FIN or RST (topologies.Topology.VanishPod), recording pod-removed
+// when it is gone.
+func VanishPod(p topologies.Pod) Step {
+	return Step{"vanish pod " + p.Name(), func(ctx context.Context, e *Env) error {
+		if err := e.World.VanishPod(ctx, p); err != nil {
+			return err
+		}
+		e.World.Timeline.Record(EventPodRemoved, p.Name())
+		return nil
+	}}
+}
+
 // StopServer stops a workload's server, closing its sockets as a kubelet stopping
 // the container does, and records server-stopped.
 func StopServer(srv *probe.Process) Step {

@@ -35,8 +35,14 @@ type Topology interface {
 	// CNI ADD) and then plays the kubelet (status with the pod's IP, Ready). It returns
 	// once the pod's status is written.
 	AddPod(ctx context.Context, spec PodSpec) (Pod, error)
-	// RemovePod deletes the Pod object, calls CNI DEL and removes the pod's namespace.
+	// RemovePod removes a pod as a kubelet does: its processes stop (their sockets
+	// close, so peers see FIN or RST), then the Pod object goes, CNI DEL, and the
+	// pod's namespace is removed.
 	RemovePod(ctx context.Context, pod Pod) error
+	// VanishPod removes a pod as a lost sandbox or host does: its network goes first
+	// (CNI DEL), then its processes, whose sockets close with no interface to send a
+	// FIN or RST on, so its peers hear nothing; then the Pod object and namespace go.
+	VanishPod(ctx context.Context, pod Pod) error
 	// Pods returns the pods added and not removed.
 	Pods() []Pod
 

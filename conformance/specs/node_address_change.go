@@ -3,6 +3,7 @@ package specs
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -106,7 +107,7 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 		return err
 	}
 	onSpare := workloads.Flow{Name: "nodeport-added-address", From: ext, Target: svc.NodePortAt(spare), Backend: backend.Name()}
-	served := &streakWatch{probe: onSpare.Name, backend: onSpare.Backend, want: e.Budgets.WarmStreak, done: make(chan struct{}), results: map[uint64]bool{}}
+	served := &streakWatch{probe: onSpare.Name, backends: []string{onSpare.Backend}, want: e.Budgets.WarmStreak, done: make(chan struct{}), results: map[uint64]bool{}}
 	budget := e.Budgets.AddressProgrammed
 	sc := conformance.Scenario{
 		Traffic: []conformance.Traffic{{From: ext, Probe: e.Connect(onSpare.Name, onSpare.Target), Observe: served.observe}},
@@ -168,13 +169,14 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 
 // streakWatch tells when a probe has made want attempts in a row, in the order they
 // started (their sequence numbers), that started after the moment it is armed and
-// reached the backend: the matcher's rule (HaveServedWithin), applied as attempts
+// reached one of the backends: the matcher's rule (HaveServedWithin), applied as attempts
 // are reported, which is not the order they started (a timeout is reported a second
 // late).
 type streakWatch struct {
-	probe, backend string
-	want           int
-	done           chan struct{}
+	probe    string
+	backends []string // the attempt's backend must be one of them
+	want     int
+	done     chan struct{}
 
 	mu      sync.Mutex
 	since   monotime.Time   // zero: not armed
@@ -204,7 +206,7 @@ func (w *streakWatch) observe(ev probe.Event) {
 	if ev.Seq < w.next {
 		return // started before the one counting began: only a later streak counts
 	}
-	w.results[ev.Seq] = ev.Outcome == probe.OK && ev.Backend == w.backend
+	w.results[ev.Seq] = ev.Outcome == probe.OK && slices.Contains(w.backends, ev.Backend)
 	for {
 		ok, reported := w.results[w.next]
 		if !reported {

@@ -20,7 +20,7 @@ func TestStreakWatch(t *testing.T) {
 		return ev
 	}
 	run := func(events []probe.Event) (fired bool) {
-		w := &streakWatch{probe: "p", backend: "web", want: 3, done: make(chan struct{}), results: map[uint64]bool{}}
+		w := &streakWatch{probe: "p", backends: []string{"web"}, want: 3, done: make(chan struct{}), results: map[uint64]bool{}}
 		w.observe(attempt(1, probe.OK)) // before it is armed: ignored
 		w.arm(since)
 		for _, ev := range events {

@@ -2,6 +2,13 @@ package specs
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
@@ -11,12 +18,14 @@ import (
 
 func init() {
 	conformance.Register(conformance.Spec{
-		ID:          "SVC-ENDPOINT-CHURN",
-		Profile:     conformance.Core,
-		Features:    []conformance.Feature{conformance.FeatureClusterIP},
-		Description: "When a Service gains a backend and loses another, streams to the backend that stays are unaffected, and streams to the removed backend end (RST or FIN) instead of hanging silently.",
+		ID:       "SVC-ENDPOINT-CHURN",
+		Profile:  conformance.Core,
+		Features: []conformance.Feature{conformance.FeatureClusterIP},
+		Description: "When a Service gains a backend and loses another, streams to the backend that stays are unaffected, streams to the removed backend end (RST or FIN) instead of hanging silently, " +
+			"and new connections all succeed, reach the added backend and stop reaching the removed one within endpoint-programmed.",
 		Catches: []conformance.FaultCase{
 			{Fault: "rebuild-backends-in-place", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindGap, matchers.KindNotAlive}},
+			{Fault: "serve-not-ready-endpoints", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindWrongBackend}},
 		},
 		Body: endpointChurn,
 	})
@@ -29,8 +38,24 @@ const churnStreams = 16
 // Names of the transition events of an endpoint change.
 const (
 	backendAdded     = "backend-added"
+	backendListed    = "backend-listed"
 	backendRemoved   = "backend-removed"
 	endpointsUpdated = "endpoints-updated"
+	backendStopped   = "backend-stopped"
+)
+
+// drainStreak is how many new connections in a row must miss churn-gone before its
+// server stops: while the dataplane still has it, a third of them reach it, and a
+// streak this long by chance ((2/3)^100, 2e-18 per attempt) does not happen, where
+// warm-streak's 20 (3e-4 per attempt, a run of them somewhere in a second of
+// kube-proxy's minSyncPeriod one time in ten or so) does.
+const drainStreak = 100
+
+// churnConnect is the connect probe of SVC-ENDPOINT-CHURN; churnNew the backend it
+// adds (the checks name it before it exists).
+const (
+	churnConnect = "churn-connect"
+	churnNew     = "churn-new"
 )
 
 func endpointChurn(ctx context.Context, e *conformance.Env) error {
@@ -53,45 +78,100 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 	if err != nil {
 		return err
 	}
-	// Both backends must serve, directly and through the ClusterIP, before streams start.
+	// The backend that will be added is outside the Service until then: the
+	// topology's pods are ready as soon as they have a network, so it is proven to
+	// serve first, as a readiness probe would.
+	newcomer, _, err := workloads.AddBackend(ctx, e.World, churnNew, nodeB.Name(), nil)
+	if err != nil {
+		return err
+	}
+	// Every backend must serve, directly (and the two first through the ClusterIP),
+	// before streams start.
 	if err := workloads.WaitAllFlowing(ctx, e.World, e.Warm(),
 		workloads.Flow{Name: "direct-" + keep.Name(), From: client, Target: workloads.Direct(keep), Backend: keep.Name()},
 		workloads.Flow{Name: "direct-" + gone.Name(), From: client, Target: workloads.Direct(gone), Backend: gone.Name()},
+		workloads.Flow{Name: "direct-" + churnNew, From: client, Target: workloads.Direct(newcomer), Backend: churnNew},
 		workloads.Flow{Name: "clusterip", From: client, Target: svc.ClusterIPAddr()},
 	); err != nil {
 		return err
 	}
 
-	var newcomer topologies.Pod
 	onKeep := matchers.OnBackends(keep.Name())
+	budget := e.Budgets.EndpointProgrammed
+	// The step that stops churn-gone's server waits until new connections have left it
+	// (or the budget is spent): the checks judge whether they did in time.
+	drained := &streakWatch{probe: churnConnect, backends: []string{keep.Name(), churnNew}, want: drainStreak, done: make(chan struct{}), results: map[uint64]bool{}}
+	// Every new connection succeeds, answered by a backend the Service lists (or, until
+	// its removal is programmed, still serves: churn-gone).
+	allBackends := matchers.Backends(keep.Name(), gone.Name(), churnNew)
 	return e.Run(ctx, conformance.Scenario{
-		Traffic: []conformance.Traffic{{From: client, Probe: e.Stream("churn", svc.ClusterIPAddr(), churnStreams)}},
+		Traffic: []conformance.Traffic{
+			{From: client, Probe: e.Stream("churn", svc.ClusterIPAddr(), churnStreams)},
+			{From: client, Probe: e.Connect(churnConnect, svc.ClusterIPAddr()), Observe: drained.observe},
+		},
 		Preconditions: []conformance.Check{
 			{Name: "every stream carries echoes before the change", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap)},
 			{Name: "the Service spreads the streams over both backends", Matcher: matchers.HaveStreamsOn(keep.Name(), gone.Name())},
+			{Name: "every new connection succeeds before the change",
+				Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(churnConnect), matchers.Backends(keep.Name(), gone.Name()))},
 		},
 		Transition: []conformance.Step{
-			conformance.Record(backendAdded, "churn-new"),
-			conformance.Do("add the backend churn-new", func(ctx context.Context, e *conformance.Env) error {
-				newcomer, _, err = workloads.AddBackend(ctx, e.World, "churn-new", nodeB.Name(), labels)
-				return err
+			// As a Deployment's rollout does: the new pod serves (its readiness probe
+			// passes) and is listed before the old one's deletion begins.
+			conformance.Record(backendAdded, churnNew),
+			conformance.Do("label churn-new into the Service and wait until the EndpointSlices list it", func(ctx context.Context, e *conformance.Env) error {
+				patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
+				if err != nil {
+					return err
+				}
+				if _, err := e.Topo.Kube().CoreV1().Pods(newcomer.Namespace()).Patch(ctx, churnNew, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+					return fmt.Errorf("label %s: %w", churnNew, err)
+				}
+				return topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, keep, gone, newcomer)
 			}),
-			// As a kubelet does: the container stops (its sockets close), then the pod
-			// and its network go.
+			conformance.Record(backendListed, churnNew),
+			// As a kubelet does with a pod whose deletion has a grace period (a preStop
+			// hook that waits): the pod is terminating, no longer ready, and serves on
+			// until new connections have left it; then its process stops (its sockets
+			// close), and the pod and its network go.
 			conformance.Record(backendRemoved, gone.Name()),
+			conformance.Do("begin churn-gone's deletion, with a grace period", func(ctx context.Context, e *conformance.Env) error {
+				return e.Topo.Kube().CoreV1().Pods(gone.Namespace()).Delete(ctx, gone.Name(), metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](30)})
+			}),
+			conformance.Do("wait until the EndpointSlices list churn-keep and churn-new as ready", func(ctx context.Context, e *conformance.Env) error {
+				if err := topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, keep, newcomer); err != nil {
+					return err
+				}
+				drained.arm(e.World.Timeline.Record(endpointsUpdated, ""))
+				return nil
+			}),
+			conformance.Do(fmt.Sprintf("wait until %d new connections in a row reach churn-keep or churn-new (at most %s)", drainStreak, budget),
+				func(ctx context.Context, _ *conformance.Env) error {
+					t := time.NewTimer(budget)
+					defer t.Stop()
+					select {
+					case <-drained.done:
+					case <-t.C:
+					case <-ctx.Done():
+						return ctx.Err()
+					}
+					return nil
+				}),
+			conformance.Record(backendStopped, gone.Name()),
 			conformance.StopServer(goneServer),
 			conformance.RemovePod(gone),
-			conformance.Do("wait until the EndpointSlices list churn-keep and churn-new", func(ctx context.Context, e *conformance.Env) error {
-				return topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, keep, newcomer)
-			}),
-			conformance.Record(endpointsUpdated, ""),
 		},
 		Checks: []conformance.Check{
 			{Name: "no reset on the streams to the backend that stays", Matcher: matchers.HaveNoResets(onKeep)},
 			{Name: "no gap over budget on streams to the backend that stays", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, onKeep)},
 			{Name: "streams to the backend that stays alive at the end", Matcher: matchers.BeAliveAtEnd(onKeep)},
 			{Name: "the streams to the removed backend end instead of hanging",
-				Matcher: matchers.HaveStreamsEndedWithin(backendRemoved, e.Budgets.EndWithin, matchers.OnBackends(gone.Name()))},
+				Matcher: matchers.HaveStreamsEndedWithin(backendStopped, e.Budgets.EndWithin, matchers.OnBackends(gone.Name()))},
+			{Name: "every new connection succeeds throughout", Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(churnConnect), allBackends)},
+			{Name: fmt.Sprintf("new connections reach churn-new within %s of its listing", budget),
+				Matcher: matchers.HaveServedWithin(backendListed, budget, 1, matchers.Probes(churnConnect), matchers.Backends(churnNew))},
+			{Name: fmt.Sprintf("no new connection reaches churn-gone from %s after the EndpointSlices stop listing it as ready", budget),
+				Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(churnConnect), matchers.Backends(keep.Name(), churnNew), matchers.From(endpointsUpdated, budget))},
 		},
 	})
 }

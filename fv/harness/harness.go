@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -47,6 +48,7 @@ type World struct {
 	mu        sync.Mutex
 	probes    []*probe.Process // clients, stopped by StopProbes
 	servers   []*probe.Process // servers, stopped by Cleanup
+	serverOn  map[*probe.Process]topologies.Host
 	reaches   []*probe.Process // reach probes, which end on their own (Reach waits)
 	retired   map[string]monotime.Time
 	kubeProxy map[string]*kubeproxy.Fixture // by node, while it holds the node
@@ -297,6 +299,10 @@ func (w *World) StartProbe(ctx context.Context, h topologies.Host, cfg probe.Con
 	switch cfg.Role() {
 	case probe.RoleServe:
 		w.servers = append(w.servers, p)
+		if w.serverOn == nil {
+			w.serverOn = map[*probe.Process]topologies.Host{}
+		}
+		w.serverOn[p] = h
 	case probe.RoleReach:
 		w.reaches = append(w.reaches, p)
 	default:
@@ -533,13 +539,25 @@ func stopAll(ctx context.Context, ps []*probe.Process) error {
 	return errors.Join(errs...)
 }
 
+// VanishPod removes pod p as a lost sandbox does (topologies.Topology.VanishPod): its
+// network goes first, so its peers hear no FIN or RST. The servers that ran in it die
+// with it; they leave the world unstopped, and what they reported stays on the
+// timeline.
+func (w *World) VanishPod(ctx context.Context, p topologies.Pod) error {
+	w.mu.Lock()
+	w.servers = slices.DeleteFunc(w.servers, func(s *probe.Process) bool { return w.serverOn[s] == p })
+	maps.DeleteFunc(w.serverOn, func(_ *probe.Process, h topologies.Host) bool { return h == p })
+	w.mu.Unlock()
+	return w.Topo.VanishPod(ctx, p)
+}
+
 // Cleanup stops every probe and server, removes kube-proxy and its rules from the
 // nodes it still ran on or left rules on, and asks the driver to remove the
 // implementation from every node.
 func (w *World) Cleanup(ctx context.Context) error {
 	w.mu.Lock()
 	servers, reaches := w.servers, w.reaches
-	w.servers, w.reaches = nil, nil
+	w.servers, w.reaches, w.serverOn = nil, nil, nil
 	kps := w.kubeProxy
 	w.kubeProxy = nil
 	w.mu.Unlock()

@@ -149,7 +149,10 @@ type Agent struct {
 	warnedAdopt     bool
 	// staleUDP are the UDP backends removed from their frontends whose flows'
 	// conntrack entries are still to be deleted.
-	staleUDP        []bpf.DNATFlows
+	staleUDP []bpf.DNATFlows
+	// leftTCP are the TCP backends removed from their frontends whose flows are
+	// still to be flagged once their endpoints are not listed any more.
+	leftTCP         []bpf.DNATFlows
 	tookOver        bool // kube-proxy's rules removed (or found absent)
 	ready           bool
 	lastSyncError   string
@@ -840,7 +843,12 @@ func (a *Agent) syncServices(hostIPs []netip.Addr, hostsOK bool) error {
 			a.log.Warn("fault: service applies write additions only until a Service or EndpointSlice changes", "fault", faults.AdoptWithoutReconcile)
 		}
 	}
-	st, err := a.syncer.Apply(services.Compute(svcs, epSlices, hostIPs), complete)
+	desired := services.Compute(svcs, epSlices, hostIPs)
+	if a.cfg.Faults.Has(faults.ServeNotReadyEndpoints) {
+		desired = services.Listed(svcs, epSlices, hostIPs)
+	}
+	st, err := a.syncer.Apply(desired, complete)
+	a.leftTCP = append(a.leftTCP, st.StaleTCP...)
 	if err != nil {
 		return err
 	}
@@ -855,15 +863,52 @@ func (a *Agent) syncServices(hostIPs []netip.Addr, hostsOK bool) error {
 		a.log.Warn("fault: service rebuilt in place, its conntrack entries purged", "fault", faults.RebuildBackendsInPlace, "services", st.Rebuilt, "entries", n, "err", err)
 	}
 	a.staleUDP = append(a.staleUDP, st.StaleUDP...)
-	return a.forgetStaleUDP()
+	var tcpErr error
+	if complete {
+		tcpErr = a.endGoneTCP(func() services.Desired { return services.Listed(svcs, epSlices, hostIPs) })
+	}
+	return errors.Join(a.forgetStaleUDP(), tcpErr)
+}
+
+// endGoneTCP flags the conntrack entries of TCP flows DNATed to backends their
+// frontends no longer have and whose endpoints are not listed any more (step 7,
+// after the frontends point at their new backends): their next packet from a pod is
+// answered with a RST. A backend still listed is terminating and may serve its flows
+// to their end, so they wait for its endpoint to go; one back in its frontend's
+// backends serves them again. A pod that closed its connections as it stopped has
+// ended these flows already; one that vanished without a FIN (a lost sandbox or
+// node) has not, and its clients would wait in silence. Only a complete view of the
+// EndpointSlices (listed computes it, only when needed) may say an endpoint is gone.
+// What could not be flagged is tried again next round.
+func (a *Agent) endGoneTCP(listed func() services.Desired) error {
+	if len(a.leftTCP) == 0 {
+		return nil
+	}
+	gone, draining := goneTCP(a.leftTCP, a.syncer.TCPBackends(), listed())
+	a.leftTCP = draining
+	if len(gone) == 0 {
+		return nil
+	}
+	if a.cfg.Faults.Has(faults.KeepFlowsToGoneBackends) {
+		a.log.Warn("fault: TCP flows to gone backends are not flagged", "fault", faults.KeepFlowsToGoneBackends, "backends", fmt.Sprint(gone))
+		return nil
+	}
+	n, err := a.dp.MarkDNATFlowsGone(gone)
+	if err != nil {
+		a.leftTCP = append(a.leftTCP, gone...)
+		return fmt.Errorf("flag the conntrack entries of TCP flows to gone backends %v: %w", gone, err)
+	}
+	a.log.Info("flagged the conntrack entries of TCP flows to gone backends, to be reset", "backends", fmt.Sprint(gone), "entries", n)
+	return nil
 }
 
 // forgetStaleUDP deletes the conntrack entries of UDP flows DNATed to backends their
 // frontends no longer have (step 7, once the frontends point at their new backends):
 // a UDP client that keeps its 5-tuple has no handshake that would pick a backend
 // again, so its flow would go to the removed backend for as long as the entry lives.
-// TCP flows are left alone: the removed backend's RST or FIN ends them, and a new
-// SYN on their tuple picks a backend again. This is kube-proxy's conntrack cleanup.
+// TCP flows are not deleted: the removed backend's RST or FIN ends them (endGoneTCP
+// makes sure of it), and a new SYN on their tuple picks a backend again. This is
+// kube-proxy's conntrack cleanup.
 // What could not be deleted is tried again next round.
 func (a *Agent) forgetStaleUDP() error {
 	stale := a.staleUDP
@@ -882,6 +927,33 @@ func (a *Agent) forgetStaleUDP() error {
 	a.log.Info("deleted the conntrack entries of UDP flows to removed backends", "backends", fmt.Sprint(stale), "entries", n)
 	a.staleUDP = nil
 	return nil
+}
+
+// goneTCP sorts the TCP backends removed from their frontends (left, duplicates
+// allowed) into those whose endpoints are gone (not listed) and those still draining
+// (listed, terminating); one back in its frontend's backends (inMaps) is neither.
+func goneTCP(left []bpf.DNATFlows, inMaps map[bpf.FrontendKey][]bpf.BackendValue, listed services.Desired) (gone, draining []bpf.DNATFlows) {
+	isListed := map[bpf.DNATFlows]bool{}
+	for _, sp := range listed {
+		for _, f := range sp.Frontends {
+			for _, b := range sp.Backends {
+				isListed[bpf.DNATFlows{Frontend: f, Backend: b}] = true
+			}
+		}
+	}
+	seen := map[bpf.DNATFlows]bool{}
+	for _, f := range left {
+		switch {
+		case seen[f]:
+		case slices.Contains(inMaps[f.Frontend], f.Backend):
+		case isListed[f]:
+			draining = append(draining, f)
+		default:
+			gone = append(gone, f)
+		}
+		seen[f] = true
+	}
+	return gone, draining
 }
 
 // syncIPTables (re)writes refdp's iptables chains when they were not written yet or

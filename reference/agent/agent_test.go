@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"net/netip"
 	"slices"
 	"testing"
 
@@ -8,7 +9,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/dpconform/dpconform/bpf"
 	"github.com/dpconform/dpconform/reference/faults"
+	"github.com/dpconform/dpconform/reference/services"
 )
 
 // TestRoundOrder pins the order of a round's steps, clean and under each fault that
@@ -141,5 +144,30 @@ func TestPolicyViewSplitUpdate(t *testing.T) {
 	v.roundDone()
 	if got := versions(v.snapshot()); !slices.Equal(got, []string{"a@3"}) {
 		t.Errorf("after update and delete: %v, want a@3", got)
+	}
+}
+
+// A TCP backend removed from its frontend is flagged gone only once its endpoint is
+// not listed: while listed (terminating) it drains, and one back in its frontend's
+// backends is dropped from the watch. Duplicates count once.
+func TestGoneTCP(t *testing.T) {
+	fe := bpf.FrontendKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: bpf.TCP}
+	be := func(s string) bpf.BackendValue { return bpf.BackendValue{Addr: netip.MustParseAddr(s), Port: 8080} }
+	flows := func(bs ...string) []bpf.DNATFlows {
+		var out []bpf.DNATFlows
+		for _, b := range bs {
+			out = append(out, bpf.DNATFlows{Frontend: fe, Backend: be(b)})
+		}
+		return out
+	}
+	left := flows("10.244.1.2", "10.244.1.3", "10.244.1.4", "10.244.1.2")
+	inMaps := map[bpf.FrontendKey][]bpf.BackendValue{fe: {be("10.244.0.2"), be("10.244.1.4")}}
+	listed := services.Desired{"default/web:80/TCP": {Frontends: []bpf.FrontendKey{fe}, Backends: []bpf.BackendValue{be("10.244.0.2"), be("10.244.1.3"), be("10.244.1.4")}}}
+	gone, draining := goneTCP(left, inMaps, listed)
+	if want := flows("10.244.1.2"); !slices.Equal(gone, want) {
+		t.Errorf("gone %v, want %v (not listed)", gone, want)
+	}
+	if want := flows("10.244.1.3"); !slices.Equal(draining, want) {
+		t.Errorf("draining %v, want %v (listed, terminating)", draining, want)
 	}
 }

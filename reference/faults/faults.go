@@ -32,6 +32,18 @@ const (
 	// blackhole, for as long as it keeps sending (kubernetes issue 59368, the stale
 	// UDP conntrack kube-proxy deletes).
 	KeepUDPConntrackOnBackendRemoval = "keep-udp-conntrack-on-backend-removal"
+	// ServeNotReadyEndpoints: the agent takes every endpoint the EndpointSlices list
+	// as a backend, ready or not, so a terminating pod (ready false) goes on taking new
+	// connections until its endpoint goes, and they fail once its process stops: the
+	// omission of load balancers that do not read the ready condition
+	// (ovn-kubernetes PR 3240, nghttpx-ingress-lb PR 157).
+	ServeNotReadyEndpoints = "serve-not-ready-endpoints"
+	// KeepFlowsToGoneBackends: when a TCP backend's endpoint is gone (its pod
+	// deleted, not merely terminating), the agent does not flag the conntrack entries
+	// of the flows DNATed to it, so a backend that vanished without closing its
+	// connections (a lost sandbox or node) leaves their clients retransmitting into
+	// silence until their own timeout: what kube-proxy does.
+	KeepFlowsToGoneBackends = "keep-flows-to-gone-backends"
 	// NoForwardFallthroughAccept: FORWARD lacks the accept for fallthrough packets of
 	// flows the Linux stack's conntrack knows (INPUT keeps its own), so a flow that
 	// predates the datapath and is forwarded from the host interface back out of it,
@@ -116,6 +128,8 @@ var known = map[string]string{
 	UnpinnedConntrack:                "conntrack state does not survive an agent restart",
 	RebuildBackendsInPlace:           "a backend change deletes and re-creates the service in place, conntrack entries included",
 	KeepUDPConntrackOnBackendRemoval: "UDP flows to a backend removed from a Service keep their conntrack entries, and go on to it",
+	ServeNotReadyEndpoints:           "endpoints that are not ready (terminating) stay backends for new connections",
+	KeepFlowsToGoneBackends:          "TCP flows to a backend whose endpoint is gone are not reset: a client of a vanished pod hangs",
 	NoForwardFallthroughAccept:       "FORWARD has no accept for fallthrough packets of flows Linux conntrack knows (Calico PR 13778)",
 	NoKubeProxyCleanup:               "kube-proxy's rules are never removed",
 	CleanupBeforeAttach:              "kube-proxy's rules are removed at start, before programs are attached and services written",

@@ -27,6 +27,16 @@ type Desired map[string]ServicePort
 // without host IPs there are none, which is why the syncer must not delete until
 // hostIPs are known.
 func Compute(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, hostIPs []netip.Addr) Desired {
+	return compute(svcs, slices, hostIPs, true)
+}
+
+// Listed is Compute with every endpoint the EndpointSlices list as a backend, ready
+// or not: a terminating endpoint is still there, and may serve the flows it has.
+func Listed(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, hostIPs []netip.Addr) Desired {
+	return compute(svcs, slices, hostIPs, false)
+}
+
+func compute(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, hostIPs []netip.Addr, onlyReady bool) Desired {
 	bySvc := map[string][]*discoveryv1.EndpointSlice{}
 	for _, s := range slices {
 		if s.AddressType != discoveryv1.AddressTypeIPv4 {
@@ -67,7 +77,7 @@ func Compute(svcs []*corev1.Service, slices []*discoveryv1.EndpointSlice, hostIP
 			if len(sp.Frontends) == 0 {
 				continue
 			}
-			sp.Backends = backendsFor(bySvc[svc.Namespace+"/"+svc.Name], p.Name, p.Protocol)
+			sp.Backends = backendsFor(bySvc[svc.Namespace+"/"+svc.Name], p.Name, p.Protocol, onlyReady)
 			out[svc.Namespace+"/"+svc.Name+":"+strconv.Itoa(int(p.Port))+"/"+string(p.Protocol)] = sp
 		}
 	}
@@ -85,7 +95,7 @@ func protoOf(p corev1.Protocol) (bpf.Proto, bool) {
 }
 
 // backendsFor lists the ready endpoints of a Service port, deduplicated and sorted.
-func backendsFor(slices []*discoveryv1.EndpointSlice, portName string, proto corev1.Protocol) []bpf.BackendValue {
+func backendsFor(slices []*discoveryv1.EndpointSlice, portName string, proto corev1.Protocol, onlyReady bool) []bpf.BackendValue {
 	seen := map[bpf.BackendValue]bool{}
 	var out []bpf.BackendValue
 	for _, s := range slices {
@@ -109,7 +119,7 @@ func backendsFor(slices []*discoveryv1.EndpointSlice, portName string, proto cor
 			continue
 		}
 		for _, ep := range s.Endpoints {
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+			if onlyReady && ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
 				continue
 			}
 			for _, a := range ep.Addresses {

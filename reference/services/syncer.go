@@ -73,18 +73,24 @@ type Stats struct {
 	// are read from the maps as written, so an Apply that failed half-way names
 	// what it did change.
 	StaleUDP []bpf.DNATFlows
+	// StaleTCP are the same for TCP frontends. Their flows need nothing while the
+	// backend is still listed (terminating, it may serve them to their end), but one
+	// whose pod went without closing its connections leaves their clients waiting
+	// in silence: the caller flags them (Datapath.MarkDNATFlowsGone) once the
+	// backend is not listed any more.
+	StaleTCP []bpf.DNATFlows
 }
 
 func (s Stats) String() string {
-	return fmt.Sprintf("frontends +%d -%d, backends +%d -%d, rebuilt %v, UDP backends gone %d",
-		s.FrontendsWritten, s.FrontendsDeleted, s.BackendsWritten, s.BackendsDeleted, s.Rebuilt, len(s.StaleUDP))
+	return fmt.Sprintf("frontends +%d -%d, backends +%d -%d, rebuilt %v, UDP backends gone %d, TCP backends gone %d",
+		s.FrontendsWritten, s.FrontendsDeleted, s.BackendsWritten, s.BackendsDeleted, s.Rebuilt, len(s.StaleUDP), len(s.StaleTCP))
 }
 
-// udpBackends returns the backends of every UDP frontend of the maps.
-func udpBackends(fe map[bpf.FrontendKey]bpf.FrontendValue, be map[bpf.BackendKey]bpf.BackendValue) map[bpf.FrontendKey][]bpf.BackendValue {
+// protoBackends returns the backends of every frontend of the maps for proto.
+func protoBackends(fe map[bpf.FrontendKey]bpf.FrontendValue, be map[bpf.BackendKey]bpf.BackendValue, proto bpf.Proto) map[bpf.FrontendKey][]bpf.BackendValue {
 	out := map[bpf.FrontendKey][]bpf.BackendValue{}
 	for f, v := range fe {
-		if f.Proto != bpf.UDP {
+		if f.Proto != proto {
 			continue
 		}
 		var bs []bpf.BackendValue
@@ -98,9 +104,9 @@ func udpBackends(fe map[bpf.FrontendKey]bpf.FrontendValue, be map[bpf.BackendKey
 	return out
 }
 
-// staleUDP lists the backends of before that each frontend no longer has in after,
-// sorted.
-func staleUDP(before, after map[bpf.FrontendKey][]bpf.BackendValue) []bpf.DNATFlows {
+// staleBackends lists the backends of before that each frontend no longer has in
+// after, sorted.
+func staleBackends(before, after map[bpf.FrontendKey][]bpf.BackendValue) []bpf.DNATFlows {
 	var out []bpf.DNATFlows
 	for f, bs := range before {
 		for _, b := range bs {
@@ -123,8 +129,8 @@ func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
 	var dpBE map[bpf.BackendKey]bpf.BackendValue
 	s.frontends.View(func(m map[bpf.FrontendKey]bpf.FrontendValue) { dpFE = m })
 	s.backends.View(func(m map[bpf.BackendKey]bpf.BackendValue) { dpBE = m })
-	// What UDP flows may be DNATed to now: the views change as the Apply writes.
-	udpBefore := udpBackends(dpFE, dpBE)
+	// What flows may be DNATed to now: the views change as the Apply writes.
+	udpBefore, tcpBefore := protoBackends(dpFE, dpBE, bpf.UDP), protoBackends(dpFE, dpBE, bpf.TCP)
 	used := map[uint32]bool{}
 	for _, v := range dpFE {
 		used[v.ServiceID] = true
@@ -229,7 +235,7 @@ func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
 	st.BackendsWritten, errs = n, append(errs, err)
 	if err != nil {
 		// Frontends must not point at backends that are not there.
-		return s.staleUDP(st, udpBefore), errors.Join(errs...)
+		return s.stale(st, udpBefore, tcpBefore), errors.Join(errs...)
 	}
 	n, err = s.frontends.ApplyUpdates()
 	st.FrontendsWritten, errs = n, append(errs, err)
@@ -241,20 +247,30 @@ func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
 			st.BackendsDeleted, errs = n, append(errs, err)
 		}
 	}
-	return s.staleUDP(st, udpBefore), errors.Join(errs...)
+	return s.stale(st, udpBefore, tcpBefore), errors.Join(errs...)
 }
 
-// staleUDP sets st.StaleUDP to the backends of before that the UDP frontends no
-// longer have, as far as the maps were written: every frontend written points at its
-// new backends only, so a flow whose conntrack entries are deleted from now on picks
-// one of those.
-func (s *Syncer) staleUDP(st Stats, before map[bpf.FrontendKey][]bpf.BackendValue) Stats {
+// stale sets st.StaleUDP and st.StaleTCP to the backends of before that the
+// frontends no longer have, as far as the maps were written: every frontend written
+// points at its new backends only, so a flow whose conntrack entries are deleted from
+// now on picks one of those.
+func (s *Syncer) stale(st Stats, udpBefore, tcpBefore map[bpf.FrontendKey][]bpf.BackendValue) Stats {
 	var fe map[bpf.FrontendKey]bpf.FrontendValue
 	var be map[bpf.BackendKey]bpf.BackendValue
 	s.frontends.View(func(m map[bpf.FrontendKey]bpf.FrontendValue) { fe = m })
 	s.backends.View(func(m map[bpf.BackendKey]bpf.BackendValue) { be = m })
-	st.StaleUDP = staleUDP(before, udpBackends(fe, be))
+	st.StaleUDP = staleBackends(udpBefore, protoBackends(fe, be, bpf.UDP))
+	st.StaleTCP = staleBackends(tcpBefore, protoBackends(fe, be, bpf.TCP))
 	return st
+}
+
+// TCPBackends returns the backends of every TCP frontend, as the maps hold them.
+func (s *Syncer) TCPBackends() map[bpf.FrontendKey][]bpf.BackendValue {
+	var fe map[bpf.FrontendKey]bpf.FrontendValue
+	var be map[bpf.BackendKey]bpf.BackendValue
+	s.frontends.View(func(m map[bpf.FrontendKey]bpf.FrontendValue) { fe = m })
+	s.backends.View(func(m map[bpf.BackendKey]bpf.BackendValue) { be = m })
+	return protoBackends(fe, be, bpf.TCP)
 }
 
 // Frontends returns what the frontend map holds, as far as the Syncer knows.

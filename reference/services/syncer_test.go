@@ -241,6 +241,17 @@ func TestStaleUDPBackends(t *testing.T) {
 		if !slices.Equal(st.StaleUDP, step.want) {
 			t.Errorf("%s: stale UDP backends %v, want %v", step.name, st.StaleUDP, step.want)
 		}
+		// TCP backends are reported the same way (the agent flags their flows once
+		// the endpoint is not listed any more): only the TCP Service's removal.
+		wantTCP := 0
+		if step.name == "a TCP backend removed" {
+			wantTCP = 2 // its ClusterIP and its NodePort
+		}
+		if len(st.StaleTCP) != wantTCP || slices.ContainsFunc(st.StaleTCP, func(f bpf.DNATFlows) bool {
+			return f.Backend.Addr != podA || f.Frontend.Proto != bpf.TCP
+		}) {
+			t.Errorf("%s: stale TCP backends %v, want %d of %s", step.name, st.StaleTCP, wantTCP, podA)
+		}
 	}
 
 	// A backend removed while the agent was down: the next run adopts the maps and

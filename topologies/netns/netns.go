@@ -252,7 +252,7 @@ func (t *Topology) Close() error {
 	// Pods first, through CNI DEL, as a runtime would; what DEL misses the namespace
 	// removal below takes care of.
 	for _, p := range pods {
-		if err := t.teardownPod(ctx, p, false); err != nil {
+		if err := t.teardownPod(ctx, p, false, false); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -3,11 +3,13 @@ package netns_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
 	"syscall"
 	"testing"
@@ -90,6 +92,39 @@ func runRole(role string, args []string) int {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
+	case "hold": // hold ADDR: accept connections and keep them open, silent
+		l, err := net.Listen("tcp", args[0])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Println("listening")
+		var held []net.Conn // referenced, so that no finalizer closes them
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				runtime.KeepAlive(held)
+				return 1
+			}
+			held = append(held, c)
+		}
+	case "watch": // watch ADDR: connect, print "connected", then how the connection ends
+		c, err := net.DialTimeout("tcp", args[0], 5*time.Second)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		fmt.Println("connected")
+		_, err = c.Read(make([]byte, 1))
+		switch {
+		case errors.Is(err, io.EOF):
+			fmt.Println("fin")
+		case errors.Is(err, syscall.ECONNRESET):
+			fmt.Println("reset")
+		default:
+			fmt.Println("error", err)
+		}
+		return 0
 	case "kube": // kube KUBECONFIG: list Nodes with client-go, print their names
 		rc, err := clientcmd.BuildConfigFromFlags("", args[0])
 		if err != nil {

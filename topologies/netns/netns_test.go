@@ -134,6 +134,43 @@ var _ = Describe("a 2-node netns topology", Ordered, func() {
 		pods = pods[:3]
 	})
 
+	// How a removed pod's connections end is what SVC-ENDPOINT-VANISH judges a
+	// dataplane by: RemovePod closes them (FIN), VanishPod leaves them silent.
+	It("ends a removed pod's connections with a FIN, and a vanished pod's with nothing", func() {
+		watch := func(server topologies.Pod) (<-chan string, func()) {
+			name, args := roleCmd("hold", ":8080")
+			hold := exec.Command(name, args...)
+			out, err := hold.StdoutPipe()
+			Expect(err).NotTo(HaveOccurred())
+			Expect(server.Start(hold)).To(Succeed())
+			DeferCleanup(func() { hold.Process.Kill(); hold.Wait() })
+			Eventually(lines(out)).WithTimeout(5 * time.Second).Should(Receive(Equal("listening")))
+			name, args = roleCmd("watch", net.JoinHostPort(server.IP().String(), "8080"))
+			cli := exec.Command(name, args...)
+			cout, err := cli.StdoutPipe()
+			Expect(err).NotTo(HaveOccurred())
+			Expect(pods[0].Start(cli)).To(Succeed())
+			DeferCleanup(func() { cli.Process.Kill(); cli.Wait() })
+			got := lines(cout)
+			Eventually(got).WithTimeout(5 * time.Second).Should(Receive(Equal("connected")))
+			return got, func() { cli.Process.Kill() }
+		}
+		for _, vanish := range []bool{false, true} {
+			p, err := topo.AddPod(ctx, topologies.PodSpec{Name: fmt.Sprintf("held-%v", vanish), Node: "node-b"})
+			Expect(err).NotTo(HaveOccurred())
+			ended, _ := watch(p)
+			if !vanish {
+				Expect(topo.RemovePod(ctx, p)).To(Succeed())
+				Eventually(ended).WithTimeout(2 * time.Second).Should(Receive(Equal("fin")))
+				continue
+			}
+			Expect(topo.VanishPod(ctx, p)).To(Succeed())
+			Consistently(ended).WithTimeout(time.Second).ShouldNot(Receive(), "the client heard from a pod that vanished")
+			_, err = topo.Kube().CoreV1().Pods("default").Get(ctx, p.Name(), metav1.GetOptions{})
+			Expect(apierrors.IsNotFound(err)).To(BeTrue(), "the vanished pod's object is left: %v", err)
+		}
+	})
+
 	It("starts a pod's container (OnWired) once it is wired, before its status names its IP", func() {
 		serve(pods[1])
 		var ranWith, dialled string

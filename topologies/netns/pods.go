@@ -194,7 +194,7 @@ func (t *Topology) AddPod(ctx context.Context, spec topologies.PodSpec) (_ topol
 			t.mu.Lock()
 			delete(t.pods, p.key())
 			t.mu.Unlock()
-			_ = t.teardownPod(context.Background(), p, true)
+			_ = t.teardownPod(context.Background(), p, true, false)
 		}
 	}()
 
@@ -277,37 +277,64 @@ func (t *Topology) RemovePod(ctx context.Context, tp topologies.Pod) error {
 	if !ok {
 		return fmt.Errorf("RemovePod: no pod %s/%s in this topology", tp.Namespace(), tp.Name())
 	}
-	return t.teardownPod(ctx, p, true)
+	return t.teardownPod(ctx, p, true, false)
+}
+
+// VanishPod implements topologies.Topology.
+func (t *Topology) VanishPod(ctx context.Context, tp topologies.Pod) error {
+	t.mu.Lock()
+	p, ok := t.pods[tp.Namespace()+"/"+tp.Name()]
+	delete(t.pods, tp.Namespace()+"/"+tp.Name())
+	t.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("VanishPod: no pod %s/%s in this topology", tp.Namespace(), tp.Name())
+	}
+	return t.teardownPod(ctx, p, true, true)
 }
 
 // teardownPod stops what runs in the pod, deletes its object (if asked), calls CNI DEL
-// and removes its namespace; it goes on past errors and returns them all.
-func (t *Topology) teardownPod(ctx context.Context, p *pod, deleteObject bool) error {
+// and removes its namespace; it goes on past errors and returns them all. With
+// networkFirst, CNI DEL comes before the processes are killed: their sockets close
+// with no way out, and peers see no FIN or RST.
+func (t *Topology) teardownPod(ctx context.Context, p *pod, deleteObject, networkFirst bool) error {
 	var errs []error
-	if _, err := os.Stat(p.NetNSPath()); err == nil {
-		if err := killNetNSProcesses([]string{p.NetNSPath()}); err != nil {
-			errs = append(errs, err)
+	kill := func() {
+		if _, err := os.Stat(p.NetNSPath()); err == nil {
+			if err := killNetNSProcesses([]string{p.NetNSPath()}); err != nil {
+				errs = append(errs, err)
+			}
 		}
 	}
+	cniDel := func() {
+		if _, err := os.Stat(p.NetNSPath()); err != nil {
+			return
+		}
+		cni, list, lo, err := t.cniFor(p.node)
+		if err != nil {
+			errs = append(errs, err)
+			return
+		}
+		cniCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		if err := cni.DelNetworkList(cniCtx, list, p.runtimeConf()); err != nil {
+			errs = append(errs, fmt.Errorf("CNI DEL for pod %s: %w", p.key(), err))
+		}
+		if err := cni.DelNetwork(cniCtx, lo, p.runtimeConf()); err != nil {
+			errs = append(errs, fmt.Errorf("CNI DEL loopback for pod %s: %w", p.key(), err))
+		}
+	}
+	if networkFirst {
+		cniDel()
+	}
+	kill()
 	if deleteObject {
 		err := t.Kube().CoreV1().Pods(p.namespace).Delete(ctx, p.name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)})
 		if err != nil && !apierrors.IsNotFound(err) {
 			errs = append(errs, fmt.Errorf("delete Pod %s: %w", p.key(), err))
 		}
 	}
-	if _, err := os.Stat(p.NetNSPath()); err == nil {
-		if cni, list, lo, err := t.cniFor(p.node); err != nil {
-			errs = append(errs, err)
-		} else {
-			cniCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			if err := cni.DelNetworkList(cniCtx, list, p.runtimeConf()); err != nil {
-				errs = append(errs, fmt.Errorf("CNI DEL for pod %s: %w", p.key(), err))
-			}
-			if err := cni.DelNetwork(cniCtx, lo, p.runtimeConf()); err != nil {
-				errs = append(errs, fmt.Errorf("CNI DEL loopback for pod %s: %w", p.key(), err))
-			}
-			cancel()
-		}
+	if !networkFirst {
+		cniDel()
 	}
 	if err := deleteNamedNS(p.netns); err != nil {
 		errs = append(errs, err)
