@@ -95,6 +95,11 @@ type Budgets struct {
 	// datagrams, a client's new connections while its policy is replaced): their
 	// windows can be a few milliseconds, and a finer probe catches a shorter one.
 	OrderInterval time.Duration `budget:"order-interval"`
+	// SNATChurn is how long SVC-SNAT-PRESSURE's short connections churn source ports
+	// through a NodePort to a remote backend, at one per ConnectInterval, while its
+	// streams run: long enough that a dataplane's SNAT port range fills and its ports
+	// are reused (refdp's 4,536 ports, at 2 ms, are all taken after some 10 s).
+	SNATChurn time.Duration `budget:"snat-churn"`
 }
 
 // DefaultBudgets are the budgets of the spec catalogue (docs/specs.md).
@@ -123,6 +128,7 @@ var DefaultBudgets = Budgets{
 	ReachTimeout:      200 * time.Millisecond,
 	OrderInterval:     250 * time.Microsecond,
 	AddressProgrammed: time.Second,
+	SNATChurn:         time.Minute,
 }
 
 // Set overrides one budget by its name ("stream-max-gap=300ms", "warm-streak=50").
