@@ -82,7 +82,7 @@ var _ = Describe("kube-proxy", func() {
 				Expect(err).NotTo(HaveOccurred())
 				prog, err := probe.Self()
 				Expect(err).NotTo(HaveOccurred())
-				// SVC-SNAT-PRESSURE's churn at 20 s, as in the self-test: to keep make test
+				// SVC-SNAT-PRESSURE's churn at 15 s, as in the self-test: to keep make test
 				// within its time (docs/kube-proxy.md).
 				b := conformance.DefaultBudgets
 				b.SNATChurn = 15 * time.Second
