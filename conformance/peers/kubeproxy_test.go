@@ -59,6 +59,9 @@ var knownKubeProxy = map[string][]conformance.FailureKind{
 	"SWITCH-CLEANUP":         {conformance.KindNotFlowing},
 	// The NodePorts on node-a's IP are masqueraded like those of the restart specs.
 	"NODE-ADDRESS-CHANGE": {matchers.KindTimeout},
+	// The same, at 1,000 connections a second to one backend: more SYNs held up than
+	// the spec's 1 in 1,000 in some runs.
+	"SVC-SNAT-PRESSURE": {matchers.KindTimeout},
 }
 
 // knownKubeProxyIn adds, per mode, the documented behaviours of that mode alone: in
