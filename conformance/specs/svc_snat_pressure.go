@@ -21,9 +21,7 @@ func init() {
 		// checking that its flow is over steals a live stream's port (refdp's own
 		// port reuse had two bugs before this spec).
 		Catches: []conformance.FaultCase{
-			{Fault: "snat-port-unchecked", Kinds: []conformance.FailureKind{
-				matchers.KindGap, matchers.KindNotAlive, matchers.KindReset, matchers.KindTimeout,
-			}},
+			{Fault: "snat-port-unchecked", Kinds: []conformance.FailureKind{matchers.KindGap, matchers.KindNotAlive}},
 		},
 		Body: snatPressure,
 	})
