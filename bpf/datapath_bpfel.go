@@ -16,19 +16,20 @@ import (
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	datapathMapDpcBackends     = "dpc_backends"
-	datapathMapDpcConfig       = "dpc_config"
-	datapathMapDpcConntrack    = "dpc_conntrack"
-	datapathMapDpcEndpoints    = "dpc_endpoints"
-	datapathMapDpcFrontends    = "dpc_frontends"
-	datapathMapDpcIpsets       = "dpc_ipsets"
-	datapathMapDpcPolicy       = "dpc_policy"
-	datapathMapDpcVerdicts     = "dpc_verdicts"
-	datapathMapDpcVerdictsLost = "dpc_verdicts_lost"
-	datapathProgTcEpEgress     = "tc_ep_egress"
-	datapathProgTcEpIngress    = "tc_ep_ingress"
-	datapathProgTcHostEgress   = "tc_host_egress"
-	datapathProgTcHostIngress  = "tc_host_ingress"
+	datapathMapDpcBackends               = "dpc_backends"
+	datapathMapDpcConfig                 = "dpc_config"
+	datapathMapDpcConntrack              = "dpc_conntrack"
+	datapathMapDpcEndpoints              = "dpc_endpoints"
+	datapathMapDpcFrontends              = "dpc_frontends"
+	datapathMapDpcIpsets                 = "dpc_ipsets"
+	datapathMapDpcPolicy                 = "dpc_policy"
+	datapathMapDpcVerdicts               = "dpc_verdicts"
+	datapathMapDpcVerdictsLost           = "dpc_verdicts_lost"
+	datapathProgTcEpEgress               = "tc_ep_egress"
+	datapathProgTcEpIngress              = "tc_ep_ingress"
+	datapathProgTcHostEgress             = "tc_host_egress"
+	datapathProgTcHostIngress            = "tc_host_ingress"
+	datapathVarDpcFaultSnatPortUnchecked = "dpc_fault_snat_port_unchecked"
 )
 
 // loadDatapath returns the embedded CollectionSpec for datapath.
@@ -98,6 +99,7 @@ type datapathMapSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathVariableSpecs struct {
+	DpcFaultSnatPortUnchecked *ebpf.VariableSpec `ebpf:"dpc_fault_snat_port_unchecked"`
 }
 
 // datapathObjects contains all objects after they have been loaded into the kernel.
@@ -149,6 +151,7 @@ func (m *datapathMaps) Close() error {
 //
 // It can be passed to loadDatapathObjects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathVariables struct {
+	DpcFaultSnatPortUnchecked *ebpf.Variable `ebpf:"dpc_fault_snat_port_unchecked"`
 }
 
 // datapathPrograms contains all programs after they have been loaded into the kernel.

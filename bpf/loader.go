@@ -58,6 +58,12 @@ type Options struct {
 	// default: the conntrack map is neither adopted from nor pinned in the
 	// pin directory, so conntrack state is lost on every Open.
 	UnpinnedConntrack bool
+	// SNATPortUnchecked is a fault switch ("snat-port-unchecked"), off by
+	// default: a new NodePort flow that finds none of its SNAT port
+	// candidates free takes over the first one without checking that the
+	// flow holding it is over, so under port pressure it steals the port of
+	// a live flow.
+	SNATPortUnchecked bool
 	// ForceClsact attaches with clsact tc filters even where the kernel has
 	// tcx links.
 	ForceClsact bool
@@ -196,6 +202,12 @@ func Open(pinDir string, opts Options) (*Datapath, error) {
 	if err != nil {
 		return nil, fmt.Errorf("load datapath spec: %w", err)
 	}
+	if opts.SNATPortUnchecked {
+		if err := spec.Variables[datapathVarDpcFaultSnatPortUnchecked].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("set the fault snat-port-unchecked: %w", err)
+		}
+	}
+
 	ctSpec := spec.Maps[ConntrackMapName]
 	ctSpec.MaxEntries = opts.ConntrackSize
 	if opts.UnpinnedConntrack {

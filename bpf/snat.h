@@ -18,6 +18,13 @@ struct {
 
 #define SNAT_PORTS   (DPC_SNAT_PORT_MAX - DPC_SNAT_PORT_MIN + 1)
 
+/* A fault switch of the reference's self-test ("snat-port-unchecked",
+ * bpf.Options.SNATPortUnchecked), set at load time; while it is 0 the
+ * verifier prunes the fault's code. With it, a new flow that finds none of
+ * its candidates free takes over the first one without checking that the
+ * flow holding it is over: under port pressure it steals live flows' ports. */
+volatile const __u32 dpc_fault_snat_port_unchecked = 0;
+
 /* snat_owned: the SNAT reply entry o belongs to the flow of client
  * (sv->nat_addr, sv->nat_port). */
 static __always_inline int snat_owned(const struct ct_value *o, const struct ct_value *sv)
@@ -62,6 +69,11 @@ static __always_inline __be16 snat_pick(const struct pkt *p, struct ct_key *sk,
 			touch(o, p, now);
 			return cand;
 		}
+		if (dpc_fault_snat_port_unchecked) {
+			if (!victim)
+				victim = cand; /* the fault: live or not */
+			continue;
+		}
 		if (snat_reusable(o, p->tuple.proto, now) &&
 		    (!victim || o->last_seen_ns < victim_seen)) {
 			victim = cand;
@@ -75,7 +87,7 @@ static __always_inline __be16 snat_pick(const struct pkt *p, struct ct_key *sk,
 	 * unless a packet of its flow came meanwhile. */
 	sk->dport = victim;
 	o = bpf_map_lookup_elem(&dpc_conntrack, sk);
-	if (o && !snat_reusable(o, p->tuple.proto, now))
+	if (o && !dpc_fault_snat_port_unchecked && !snat_reusable(o, p->tuple.proto, now))
 		return 0;
 	if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_ANY) < 0)
 		return 0;

@@ -356,3 +356,35 @@ func TestSNATReusedPortNotHijacked(t *testing.T) {
 	r, got = run2(t, d, got)
 	expectSNAT(t, d, oldClient, TCP, r, got, mine.Port())
 }
+
+// TestSNATPortUncheckedFault: with the fault snat-port-unchecked, a new flow
+// that finds no candidate free takes over the first one although its flow is
+// live (the clean datapath drops the SYN: TestSNATPortReuse), and the live
+// flow's replies go to the new client; a free candidate still comes first.
+func TestSNATPortUncheckedFault(t *testing.T) {
+	for _, freeAt := range []int{-1, 9} {
+		t.Run(fmt.Sprintf("free candidate %d", freeAt), func(t *testing.T) {
+			d := setup(t, Options{SNATPortUnchecked: true})
+			service(t, d, nodePort, TCP, 4, remotePod)
+			cands := snatCandidates(client, remotePod, TCP)
+			now := monoNow(t)
+			for i, port := range cands {
+				if i != freeAt {
+					must(t, d.Conntrack().Put(snatKey(remotePod, port, TCP), otherFlow(i, 0, now)))
+				}
+			}
+			want := cands[0]
+			if freeAt >= 0 {
+				want = cands[freeAt]
+			}
+			r, got := newFlow(t, d, client, TCP)
+			expectSNAT(t, d, client, TCP, r, got, want)
+			if freeAt >= 0 {
+				return
+			}
+			snat := netip.AddrPortFrom(ip(hostIP), want).String()
+			r, got = runPacket(t, d.objs.TcHostIngress, tcp(remotePod, snat, tcpACK))
+			expect(t, "the live flow's reply on its stolen port", r, got, tcActOK, MarkSeen, remotePod, client)
+		})
+	}
+}

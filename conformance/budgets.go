@@ -103,6 +103,20 @@ type Budgets struct {
 	// datagrams, a client's new connections while its policy is replaced): their
 	// windows can be a few milliseconds, and a finer probe catches a shorter one.
 	OrderInterval time.Duration `budget:"order-interval"`
+	// SNATChurn is how long SVC-SNAT-PRESSURE's short connections churn source ports
+	// through a NodePort to a remote backend, at one per ConnectInterval, while its
+	// streams run: long enough that a dataplane's SNAT port range fills and its ports
+	// are reused (refdp's 4,536 ports, at 2 ms, are all taken after some 10 s).
+	SNATChurn time.Duration `budget:"snat-churn"`
+	// SNATRetryPerMille is how many of every 1,000 of SVC-SNAT-PRESSURE's short
+	// connections may time out (none may be reset or refused). At hundreds of
+	// connections a second every SNAT port is reused while the backend still holds
+	// the port's last connection in TIME_WAIT (60 s); PAWS rejects the new SYN there
+	// about a third of the time, and now and then the client's SYN gets through only
+	// on its retry after the 1 s initial RTO: 0 to 2 of 19,000 against the clean
+	// reference (docs/faults.md). A dataplane that runs out of ports or takes a live
+	// flow's fails thousands.
+	SNATRetryPerMille int `budget:"snat-retry-per-mille"`
 }
 
 // DefaultBudgets are the budgets of the spec catalogue (docs/specs.md).
@@ -132,6 +146,8 @@ var DefaultBudgets = Budgets{
 	ReachTimeout:       200 * time.Millisecond,
 	OrderInterval:      250 * time.Microsecond,
 	AddressProgrammed:  time.Second,
+	SNATChurn:          time.Minute,
+	SNATRetryPerMille:  1,
 }
 
 // Set overrides one budget by its name ("stream-max-gap=300ms", "warm-streak=50").

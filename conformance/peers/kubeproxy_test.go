@@ -61,6 +61,9 @@ var knownKubeProxy = map[string][]conformance.FailureKind{
 	"SWITCH-CLEANUP":         {conformance.KindNotFlowing},
 	// The NodePorts on node-a's IP are masqueraded like those of the restart specs.
 	"NODE-ADDRESS-CHANGE": {matchers.KindTimeout},
+	// The same, at 1,000 connections a second to one backend: more SYNs held up than
+	// the spec's 1 in 1,000 in some runs.
+	"SVC-SNAT-PRESSURE": {matchers.KindTimeout},
 	// kube-proxy never ends a TCP flow: those of a backend that vanished without a
 	// FIN stay DNATed to it, silent, until the client gives up.
 	"SVC-ENDPOINT-VANISH": {matchers.KindHang},
@@ -93,8 +96,12 @@ var _ = Describe("kube-proxy", func() {
 				Expect(err).NotTo(HaveOccurred())
 				prog, err := probe.Self()
 				Expect(err).NotTo(HaveOccurred())
+				// SVC-SNAT-PRESSURE's churn at 15 s, as in the self-test: to keep make test
+				// within its time (docs/kube-proxy.md).
+				b := conformance.DefaultBudgets
+				b.SNATChurn = 15 * time.Second
 				r, err := conformance.NewRunner(ctx, conformance.Config{
-					Driver: d, Probe: prog,
+					Driver: d, Probe: prog, Budgets: b,
 					OutputDir: filepath.Join("..", "..", "_output", "kube-proxy", mode, s.ID),
 					Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
 				})

@@ -59,7 +59,18 @@ func runSpec(ctx context.Context, s conformance.Spec, faults ...string) conforma
 	if len(faults) > 0 {
 		name = strings.Join(faults, "+")
 	}
-	return runWith(ctx, s, bins["refdp-driver"], name, conformance.DefaultBudgets, env...)
+	return runWith(ctx, s, bins["refdp-driver"], name, testBudgets(), env...)
+}
+
+// testBudgets are the budgets of the catalogue, but for SVC-SNAT-PRESSURE's churn:
+// 15 s instead of a minute, to keep make test within its time. refdp's 4,536 SNAT
+// ports are all taken some 5 s into its traffic, and by the end all but a few dozen
+// have been taken over by new flows since (docs/faults.md); the full minute is
+// measured by hand.
+func testBudgets() conformance.Budgets {
+	b := conformance.DefaultBudgets
+	b.SNATChurn = 15 * time.Second
+	return b
 }
 
 // runWith runs one spec against the driver at path.
@@ -173,7 +184,7 @@ func selected(text string) bool {
 var _ = Describe("a stub implementation", Ordered, func() {
 	var runs []*stubRun
 	stub := func(s conformance.Spec, ready bool, text string) *stubRun {
-		r := &stubRun{spec: s, ready: ready, text: "a stub implementation " + text, budgets: conformance.DefaultBudgets, done: make(chan struct{})}
+		r := &stubRun{spec: s, ready: ready, text: "a stub implementation " + text, budgets: testBudgets(), done: make(chan struct{})}
 		if ready {
 			r.name = "does-nothing"
 			r.budgets.Programmed = time.Second // it will never be programmed: do not wait 10 s for that

@@ -200,13 +200,20 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	var err error
-	a.dp, err = bpf.Open(cfg.PinDir, bpf.Options{ConntrackSize: cfg.ConntrackSize, UnpinnedConntrack: cfg.Faults.Has(faults.UnpinnedConntrack)})
+	a.dp, err = bpf.Open(cfg.PinDir, bpf.Options{
+		ConntrackSize:     cfg.ConntrackSize,
+		UnpinnedConntrack: cfg.Faults.Has(faults.UnpinnedConntrack),
+		SNATPortUnchecked: cfg.Faults.Has(faults.SNATPortUnchecked),
+	})
 	if err != nil {
 		return err
 	}
 	// Close releases file descriptors only: pinned maps and links stay, and with them
 	// the datapath.
 	defer a.dp.Close()
+	if cfg.Faults.Has(faults.SNATPortUnchecked) {
+		a.log.Warn("fault: the datapath's SNAT port pick is defective", "fault", faults.SNATPortUnchecked, "what", faults.Describe(faults.SNATPortUnchecked))
+	}
 	a.syncer, err = services.NewSyncer(a.dp.Frontends(), a.dp.Backends(), services.SyncerOptions{
 		RebuildBackendsInPlace: cfg.Faults.Has(faults.RebuildBackendsInPlace),
 	})

@@ -120,6 +120,13 @@ const (
 	// so the NodePort frontends of a removed address stay, and keep answering the
 	// clients that still send to it, until some address is added.
 	HostIPRemovalsIgnored = "host-ip-removals-ignored"
+	// SNATPortUnchecked: a new NodePort flow to a remote backend that finds none of
+	// its SNAT port candidates free takes over the first one without checking that
+	// the flow holding it is over (closed and quiet, or idle), so once a minute of
+	// short connections has filled the port range a new flow steals the port of a
+	// live stream, whose replies then go to the new flow's client: the stream
+	// stalls, and the new connection meets the old one's state at the backend.
+	SNATPortUnchecked = "snat-port-unchecked"
 )
 
 var known = map[string]string{
@@ -146,6 +153,7 @@ var known = map[string]string{
 	AdoptWithoutReconcile:            "pinned service maps adopted on start; what was deleted while down stays until a Service or EndpointSlice changes",
 	HostIPsReadOnce:                  "host IPs read once at start and never watched: no NodePort on an address added later",
 	HostIPRemovalsIgnored:            "the host-address watcher ignores removals: a removed address keeps its NodePort frontends",
+	SNATPortUnchecked:                "with no free SNAT port, a new NodePort flow takes over its first candidate without checking the flow holding it is over",
 }
 
 // Set is a set of enabled faults.
