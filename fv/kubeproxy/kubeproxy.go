@@ -245,8 +245,7 @@ func (f *Fixture) PID() int {
 		return 0
 	}
 	// A reused PID is not our kube-proxy.
-	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if !bytes.Contains(cmdline, []byte(f.args()[0]+"\x00")) {
+	if !bytes.Contains(proc.Cmdline(pid), []byte(f.args()[0]+"\x00")) {
 		return 0
 	}
 	return pid

@@ -21,6 +21,30 @@ func Alive(pid int) bool {
 	return err == nil && state != "Z" && state != "X"
 }
 
+// Cmdline returns the arguments of a live process, NUL-separated, as
+// /proc/PID/cmdline has them, or nil if pid does not run.
+//
+// A process that has just been started can be caught in its exec: its parent's
+// Start has returned, its new binary is mapped, but the kernel has not yet laid out
+// its arguments, and /proc/PID/cmdline reads empty for some microseconds. Matching
+// that against the arguments it is started with says "not ours" (a kube-proxy that
+// "does not run" right after it started). Cmdline waits that out, up to 100 ms; a
+// process whose cmdline stays empty (a kernel thread that took a reused PID) returns
+// empty.
+func Cmdline(pid int) []byte {
+	deadline := time.Now().Add(100 * time.Millisecond)
+	for {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil || !Alive(pid) {
+			return nil
+		}
+		if len(data) > 0 || time.Now().After(deadline) {
+			return data
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // StartTime is the process's start time in clock ticks since boot (/proc/PID/stat
 // field 22), which tells a process apart from a later one with the same PID.
 func StartTime(pid int) (uint64, error) {

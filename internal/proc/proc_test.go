@@ -2,6 +2,7 @@ package proc
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"os"
@@ -83,5 +84,25 @@ func TestSignal(t *testing.T) {
 	err = Signal(ctx, "stubborn", stubborn.Process.Pid, syscall.SIGTERM, "stubborn.log")
 	if err == nil || !strings.Contains(err.Error(), "stubborn") || !strings.Contains(err.Error(), "stubborn.log") || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a process that ignores SIGTERM: got %v, want an error naming it and its log", err)
+	}
+}
+
+// TestCmdline: a process is known by its arguments from the moment Start returns,
+// even when it is caught in its exec, and a PID that does not run has none.
+func TestCmdline(t *testing.T) {
+	for range 200 {
+		cmd := exec.Command("sleep", "30")
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		got := Cmdline(cmd.Process.Pid)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if !bytes.Equal(got, []byte("sleep\x0030\x00")) {
+			t.Fatalf("Cmdline right after Start = %q, want \"sleep\\x0030\\x00\"", got)
+		}
+		if got := Cmdline(cmd.Process.Pid); got != nil {
+			t.Fatalf("Cmdline of a reaped process = %q, want nil", got)
+		}
 	}
 }

@@ -144,7 +144,7 @@ func (a *agent) PID() int {
 	if pid <= 0 || !proc.Alive(pid) {
 		return 0
 	}
-	cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	cmdline := proc.Cmdline(pid)
 	for _, arg := range a.identity() {
 		if !bytes.Contains(cmdline, []byte("\x00"+arg+"\x00")) {
 			return 0

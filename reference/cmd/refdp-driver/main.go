@@ -140,8 +140,7 @@ func (e env) agentPID() int {
 		return 0
 	}
 	// A reused PID is not our agent.
-	cmd, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if !bytes.Contains(cmd, []byte("refdp\x00run")) {
+	if !bytes.Contains(proc.Cmdline(pid), []byte("refdp\x00run")) {
 		return 0
 	}
 	return pid
