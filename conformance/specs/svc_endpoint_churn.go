@@ -2,16 +2,15 @@ package specs
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/topologies"
 )
@@ -59,39 +58,22 @@ const (
 )
 
 func endpointChurn(ctx context.Context, e *conformance.Env) error {
-	nodes := e.Topo.Nodes()
-	nodeA, nodeB := nodes[0], nodes[1]
-	labels := map[string]string{"app": "churn"}
-	keep, _, err := workloads.AddBackend(ctx, e.World, "churn-keep", nodeA.Name(), labels)
+	pair, err := deployEndpointPair(ctx, e, "churn")
 	if err != nil {
 		return err
 	}
-	gone, goneServer, err := workloads.AddBackend(ctx, e.World, "churn-gone", nodeB.Name(), labels)
-	if err != nil {
-		return err
-	}
-	client, err := e.Topo.AddPod(ctx, topologies.PodSpec{Name: "client", Node: nodeA.Name()})
-	if err != nil {
-		return err
-	}
-	svc, err := workloads.AddService(ctx, e.World, "churn", labels, keep, gone)
-	if err != nil {
-		return err
-	}
+	keep, gone, goneServer, client, svc, labels := pair.keep, pair.gone, pair.goneServer, pair.client, pair.svc, pair.labels
 	// The backend that will be added is outside the Service until then: the
 	// topology's pods are ready as soon as they have a network, so it is proven to
 	// serve first, as a readiness probe would.
-	newcomer, _, err := workloads.AddBackend(ctx, e.World, churnNew, nodeB.Name(), nil)
+	newcomer, _, err := workloads.AddBackend(ctx, e.World, churnNew, e.Topo.Nodes()[1].Name(), nil)
 	if err != nil {
 		return err
 	}
 	// Every backend must serve, directly (and the two first through the ClusterIP),
 	// before streams start.
-	if err := workloads.WaitAllFlowing(ctx, e.World, e.Warm(),
-		workloads.Flow{Name: "direct-" + keep.Name(), From: client, Target: workloads.Direct(keep), Backend: keep.Name()},
-		workloads.Flow{Name: "direct-" + gone.Name(), From: client, Target: workloads.Direct(gone), Backend: gone.Name()},
-		workloads.Flow{Name: "direct-" + churnNew, From: client, Target: workloads.Direct(newcomer), Backend: churnNew},
-		workloads.Flow{Name: "clusterip", From: client, Target: svc.ClusterIPAddr()},
+	if err := workloads.WaitAllFlowing(ctx, e.World, e.Warm(), append(pair.flows(),
+		workloads.Flow{Name: "direct-" + churnNew, From: client, Target: workloads.Direct(newcomer), Backend: churnNew})...,
 	); err != nil {
 		return err
 	}
@@ -118,15 +100,8 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 		Transition: []conformance.Step{
 			// As a Deployment's rollout does: the new pod serves (its readiness probe
 			// passes) and is listed before the old one's deletion begins.
-			conformance.Record(backendAdded, churnNew),
-			conformance.Do("label churn-new into the Service and wait until the EndpointSlices list it", func(ctx context.Context, e *conformance.Env) error {
-				patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
-				if err != nil {
-					return err
-				}
-				if _, err := e.Topo.Kube().CoreV1().Pods(newcomer.Namespace()).Patch(ctx, churnNew, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-					return fmt.Errorf("label %s: %w", churnNew, err)
-				}
+			relabel(newcomer, labels, backendAdded),
+			conformance.Do("wait until the EndpointSlices list churn-new", func(ctx context.Context, e *conformance.Env) error {
 				return topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, keep, gone, newcomer)
 			}),
 			conformance.Record(backendListed, churnNew),
@@ -174,4 +149,43 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 				Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(churnConnect), matchers.Backends(keep.Name(), churnNew), matchers.From(endpointsUpdated, budget))},
 		},
 	})
+}
+
+// endpointPair is the fixture of the endpoint specs: a Service app over two
+// backends, app-keep on node-a and app-gone on node-b, and a client pod on node-a.
+type endpointPair struct {
+	labels     map[string]string
+	keep, gone topologies.Pod
+	goneServer *probe.Process
+	client     topologies.Pod
+	svc        workloads.Service
+}
+
+func deployEndpointPair(ctx context.Context, e *conformance.Env, app string) (*endpointPair, error) {
+	nodes := e.Topo.Nodes()
+	p := &endpointPair{labels: map[string]string{"app": app}}
+	var err error
+	if p.keep, _, err = workloads.AddBackend(ctx, e.World, app+"-keep", nodes[0].Name(), p.labels); err != nil {
+		return nil, err
+	}
+	if p.gone, p.goneServer, err = workloads.AddBackend(ctx, e.World, app+"-gone", nodes[1].Name(), p.labels); err != nil {
+		return nil, err
+	}
+	if p.client, err = e.Topo.AddPod(ctx, topologies.PodSpec{Name: "client", Node: nodes[0].Name()}); err != nil {
+		return nil, err
+	}
+	if p.svc, err = workloads.AddService(ctx, e.World, app, p.labels, p.keep, p.gone); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// flows are what must carry new connections before the streams start: each backend
+// directly, and the Service.
+func (p *endpointPair) flows() []workloads.Flow {
+	return []workloads.Flow{
+		{Name: "direct-" + p.keep.Name(), From: p.client, Target: workloads.Direct(p.keep), Backend: p.keep.Name()},
+		{Name: "direct-" + p.gone.Name(), From: p.client, Target: workloads.Direct(p.gone), Backend: p.gone.Name()},
+		{Name: "clusterip", From: p.client, Target: p.svc.ClusterIPAddr()},
+	}
 }

@@ -30,32 +30,14 @@ const (
 )
 
 func endpointVanish(ctx context.Context, e *conformance.Env) error {
-	nodes := e.Topo.Nodes()
-	nodeA, nodeB := nodes[0], nodes[1]
-	labels := map[string]string{"app": "vanish"}
-	keep, _, err := workloads.AddBackend(ctx, e.World, "vanish-keep", nodeA.Name(), labels)
+	pair, err := deployEndpointPair(ctx, e, "vanish")
 	if err != nil {
 		return err
 	}
-	gone, _, err := workloads.AddBackend(ctx, e.World, "vanish-gone", nodeB.Name(), labels)
-	if err != nil {
+	if err := workloads.WaitAllFlowing(ctx, e.World, e.Warm(), pair.flows()...); err != nil {
 		return err
 	}
-	client, err := e.Topo.AddPod(ctx, topologies.PodSpec{Name: "client", Node: nodeA.Name()})
-	if err != nil {
-		return err
-	}
-	svc, err := workloads.AddService(ctx, e.World, "vanish", labels, keep, gone)
-	if err != nil {
-		return err
-	}
-	if err := workloads.WaitAllFlowing(ctx, e.World, e.Warm(),
-		workloads.Flow{Name: "direct-" + keep.Name(), From: client, Target: workloads.Direct(keep), Backend: keep.Name()},
-		workloads.Flow{Name: "direct-" + gone.Name(), From: client, Target: workloads.Direct(gone), Backend: gone.Name()},
-		workloads.Flow{Name: "clusterip", From: client, Target: svc.ClusterIPAddr()},
-	); err != nil {
-		return err
-	}
+	keep, gone, client, svc := pair.keep, pair.gone, pair.client, pair.svc
 	onKeep := matchers.OnBackends(keep.Name())
 	budget := e.Budgets.EndpointProgrammed
 	return e.Run(ctx, conformance.Scenario{
