@@ -85,6 +85,9 @@ type SpecReport struct {
 	// Diagnostics are the files the driver collected (of every run, each in a
 	// directory of its own), relative to the report.
 	Diagnostics []string `json:"diagnostics,omitempty"`
+	// HostSettings are the host-wide kernel settings the implementation changed
+	// during the spec, e.g. "kernel.timer_migration 1 -> 0 (restored)".
+	HostSettings []string `json:"hostSettings,omitempty"`
 }
 
 // RunReport is one run of a repeated spec, without its checks.
@@ -202,6 +205,9 @@ func specReport(r Result) SpecReport {
 	if len(r.Runs) > 0 {
 		k, n := r.Passes()
 		sr.Passes, sr.ChecksFromRun = fmt.Sprintf("%d of %d", k, n), r.ChecksFrom
+	}
+	for _, h := range r.HostSettings {
+		sr.HostSettings = append(sr.HostSettings, h.String())
 	}
 	for i, run := range r.Runs {
 		sr.Runs = append(sr.Runs, RunReport{Run: i + 1, Result: run.Result, Kind: string(run.Kind), Reason: run.Reason, Duration: run.Duration.String()})

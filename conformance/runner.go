@@ -76,6 +76,9 @@ type Result struct {
 	Optional bool `json:"-"`
 	// Message is the full failure message (timelines included) for people.
 	Message string `json:"-"`
+	// HostSettings are the host-wide kernel settings the run changed (of every run),
+	// and whether the runner could put them back.
+	HostSettings []HostSetting `json:"hostSettings,omitempty"`
 }
 
 // FailedKinds returns the kinds of the spec's failure and of its failed checks.
@@ -121,7 +124,7 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	}
 	if cfg.NewTopology == nil {
 		cfg.NewTopology = func(ctx context.Context, info driver.Info) (topologies.Topology, error) {
-			return netns.New(ctx, netns.Options{CNIConfig: info.CNI, Logf: cfg.Logf})
+			return netns.New(ctx, netns.Options{CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: cfg.Logf})
 		}
 	}
 	info, err := cfg.Driver.Info(ctx)
@@ -214,6 +217,7 @@ func combine(runs []Result) Result {
 		count[run.Result]++
 		res.Duration += run.Duration
 		res.Diagnostics = append(res.Diagnostics, run.Diagnostics...)
+		res.HostSettings = append(res.HostSettings, run.HostSettings...)
 	}
 	kept := len(runs) - 1
 	switch {
@@ -271,6 +275,15 @@ func (r *Runner) runOnce(ctx context.Context, s Spec, diagnostics string) (res R
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.SpecTimeout)
 	defer cancel()
 
+	// What the implementation changes for the whole machine is put back after the
+	// run, and reported. (The self-test's concurrent stub runs change nothing.)
+	host := snapshotHost()
+	defer func() {
+		res.HostSettings = host.restore()
+		for _, h := range res.HostSettings {
+			r.cfg.Logf("%s: the implementation changed a host-wide setting: %s", s.ID, h)
+		}
+	}()
 	r.cfg.Logf("%s: setting up the topology", s.ID)
 	topo, err := r.cfg.NewTopology(ctx, r.info)
 	if err != nil {

@@ -79,6 +79,10 @@ type Node interface {
 	// DriverEnv is the environment a driver call for this node gets (DRIVER.md):
 	// DPC_NODE, DPC_NETNS, DPC_KUBECONFIG, DPC_STATE_DIR, DPC_TOPOLOGY and DPC_RUN.
 	DriverEnv() []string
+	// StartDriver starts a driver call for this node (cmd not yet started) where the
+	// provider runs them: inside the node, in all its namespaces and its cgroup, on
+	// netns; on the host where the node is a machine of its own (kind).
+	StartDriver(cmd *exec.Cmd) error
 	// SpareAddress is an IPv4 address on the network of the node's interface that
 	// the topology keeps for this node: no host holds it until AddAddress adds it.
 	SpareAddress() netip.Addr

@@ -35,7 +35,7 @@ func bringUp(ctx context.Context, b *testing.B, drv driver.Driver) (w *harness.W
 	if err != nil {
 		b.Fatal(err)
 	}
-	topo, err := netns.New(ctx, netns.Options{CNIConfig: info.CNI})
+	topo, err := netns.New(ctx, netns.Options{CNIConfig: info.CNI, CNIDirs: info.CNIDirs()})
 	if err != nil {
 		b.Fatal(err)
 	}

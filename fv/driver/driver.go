@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"os/exec"
 	"slices"
 	"strings"
 )
@@ -23,6 +24,9 @@ type Info struct {
 	// CNI is the implementation's CNI network configuration list; empty means the
 	// topology's default (ptp + host-local).
 	CNI json.RawMessage `json:"cni,omitempty"`
+	// CNIDir is a directory of CNI plugins the implementation ships, absolute; the
+	// topology looks for plugins there before its own directory. Empty means none.
+	CNIDir string `json:"cni_dir,omitempty"`
 	// Modes, Versions and Settings are the variants `start` can start (--mode,
 	// --version, and the keys of --set): a spec that needs a variant the
 	// implementation does not offer is skipped, not failed. Empty means none.
@@ -124,6 +128,18 @@ type Events struct {
 type Node struct {
 	Name string
 	Env  []string
+	// Start, if set, starts a driver call's process for this node where the topology
+	// runs them: inside the node (its network, mount and cgroup namespaces) on the
+	// netns topology. Nil starts it here.
+	Start func(*exec.Cmd) error
+}
+
+// CNIDirs are the plugin directories the implementation ships: none or CNIDir.
+func (i Info) CNIDirs() []string {
+	if i.CNIDir == "" {
+		return nil
+	}
+	return []string{i.CNIDir}
 }
 
 // Driver is an implementation as the suite sees it. Every method blocks until the verb

@@ -162,7 +162,15 @@ func (e *Exec) call(ctx context.Context, timeout time.Duration, verb string, n *
 	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	// A process the driver leaves behind holding its stdout must not hang the suite.
 	cmd.WaitDelay = min(2*time.Second, timeout/2)
-	runErr := cmd.Run()
+	var runErr error
+	if n != nil && n.Start != nil {
+		runErr = n.Start(cmd)
+	} else {
+		runErr = cmd.Start()
+	}
+	if runErr == nil {
+		runErr = cmd.Wait()
+	}
 	fail := func(kind string, err error) *Error {
 		de := &Error{Verb: verb, Node: node, Kind: kind, Stderr: strings.TrimSpace(stderr.String()), Err: err}
 		var reply struct{ Error, Detail string }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -149,5 +150,32 @@ func TestNewExecNamesTheFix(t *testing.T) {
 	os.WriteFile(p, []byte("x"), 0o644)
 	if _, err := NewExec(p, DefaultTimeouts); err == nil || !strings.Contains(err.Error(), "chmod +x") {
 		t.Fatalf("want an error naming chmod, got %v", err)
+	}
+}
+
+// A node's Start is how a call gets where the topology runs it (inside a netns node);
+// the adapter must use it for every node verb, and its failure is an exec error.
+func TestExecDriverStartsThroughTheNode(t *testing.T) {
+	var started []string
+	n := Node{Name: "node-a", Env: []string{"DPC_NODE=node-a"}, Start: func(cmd *exec.Cmd) error {
+		started = append(started, cmd.Args[1])
+		cmd.Env = append(cmd.Env, "IN_NODE=yes")
+		return cmd.Start()
+	}}
+	d, err := NewExec(fakeDriver(t, `[ "$IN_NODE" = yes ] && echo '{"running":true,"ready":true}'`), DefaultTimeouts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := d.Status(context.Background(), n); err != nil || !st.Ready {
+		t.Fatalf("status through the node's Start = %+v, %v; want ready", st, err)
+	}
+	if len(started) != 1 || started[0] != "status" {
+		t.Fatalf("node Start saw %v, want [status]", started)
+	}
+	n.Start = func(*exec.Cmd) error { return errors.New("no such node") }
+	_, err = d.Status(context.Background(), n)
+	var de *Error
+	if !errors.As(err, &de) || de.Kind != "exec" || !strings.Contains(err.Error(), "no such node") {
+		t.Fatalf("status with a failing node Start = %v; want an exec error naming it", err)
 	}
 }

@@ -63,7 +63,10 @@ func New(topo topologies.Topology, drv driver.Driver, prog probe.Program) *World
 }
 
 // NodeEnv is the driver's view of a node.
-func NodeEnv(n topologies.Node) driver.Node { return driver.Node{Name: n.Name(), Env: n.DriverEnv()} }
+// On the netns topology a driver call runs inside the node (docs/driver.md).
+func NodeEnv(n topologies.Node) driver.Node {
+	return driver.Node{Name: n.Name(), Env: n.DriverEnv(), Start: n.StartDriver}
+}
 
 // StartAll starts the agent on every node and waits until all are ready.
 func (w *World) StartAll(ctx context.Context) error {

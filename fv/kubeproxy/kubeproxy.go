@@ -63,6 +63,11 @@ type Fixture struct {
 	// Env is added to kube-proxy's environment, e.g. DPC_RUN=<run ID> so that the
 	// topology's cleanup finds a kube-proxy that outlived its test.
 	Env []string
+	// StartIn, if set, starts kube-proxy's process in the node (topologies.Host.Start:
+	// its mount and cgroup namespaces too, so that it shares the node's xtables lock
+	// with the node's other agents). Nil starts it in NetNS from here, as a driver
+	// call that already runs inside the node does.
+	StartIn func(*exec.Cmd) error
 }
 
 // ForNode returns a fixture for node n of a netns topology, in mode, with the
@@ -82,11 +87,12 @@ func ForNode(n topologies.Node, mode Mode) (*Fixture, error) {
 		return nil, err
 	}
 	f := &Fixture{
-		Binary: bins.KubeProxy,
-		NetNS:  env["DPC_NETNS"],
-		Dir:    env["DPC_STATE_DIR"],
-		Config: Config{NodeName: n.Name(), Kubeconfig: env["DPC_KUBECONFIG"], Mode: mode},
-		Env:    extra,
+		Binary:  bins.KubeProxy,
+		NetNS:   env["DPC_NETNS"],
+		Dir:     env["DPC_STATE_DIR"],
+		Config:  Config{NodeName: n.Name(), Kubeconfig: env["DPC_KUBECONFIG"], Mode: mode},
+		Env:     extra,
+		StartIn: n.Start,
 	}
 	return f, f.check()
 }
@@ -191,7 +197,11 @@ func (f *Fixture) Start(ctx context.Context) (int, error) {
 	// Its own session: kube-proxy outlives the call that started it and its signals.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	fmt.Fprintf(log, "---- kube-proxy fixture: start %s in %s: %s\n", time.Now().Format(time.RFC3339Nano), f.NetNS, strings.Join(cmd.Args, " "))
-	if err := innetns.Do(f.NetNS, cmd.Start); err != nil {
+	start := func() error { return innetns.Do(f.NetNS, cmd.Start) }
+	if f.StartIn != nil {
+		start = func() error { return f.StartIn(cmd) }
+	}
+	if err := start(); err != nil {
 		return 0, fmt.Errorf("start kube-proxy in %s: %w", f.NetNS, err)
 	}
 	pid := cmd.Process.Pid

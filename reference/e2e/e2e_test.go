@@ -48,7 +48,7 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		clean := newDriver()
 		info, err := clean.Info(ctx)
 		Expect(err).NotTo(HaveOccurred())
-		topo, err = netns.New(ctx, netns.Options{CNIConfig: info.CNI, Logf: func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) }})
+		topo, err = netns.New(ctx, netns.Options{CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) }})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() {
 			id := topo.RunID()

@@ -185,6 +185,14 @@ func removeRun(id, dir string) error {
 	if err := killRunProcesses(id, paths); err != nil {
 		errs = append(errs, err)
 	}
+	// What is left in the run's cgroups (a process that shed DPC_RUN and left the
+	// namespaces) goes with them.
+	if err := removeCgroupTree(runCgroup(id)); err != nil {
+		errs = append(errs, err)
+	}
+	if rc := runCgroup(id); rc != "" {
+		_ = unix.Rmdir(filepath.Dir(rc)) // the parent, once no run uses it
+	}
 	for _, n := range nsNames {
 		if err := deleteNamedNS(n); err != nil {
 			errs = append(errs, err)
@@ -247,8 +255,15 @@ func killRunProcesses(id string, paths []string) error {
 		}
 		if match {
 			victims = append(victims, pid)
-			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
+	}
+	return killPIDs(victims)
+}
+
+// killPIDs SIGKILLs the processes and waits until they are gone.
+func killPIDs(victims []int) error {
+	for _, pid := range victims {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for _, pid := range victims {
@@ -379,6 +394,11 @@ func Leftovers(runRoot, id string) []string {
 	}
 	if _, err := os.Stat(dir); err == nil {
 		out = append(out, "directory "+dir)
+	}
+	if rc := runCgroup(id); rc != "" {
+		if _, err := os.Stat(rc); err == nil {
+			out = append(out, "cgroup "+rc)
+		}
 	}
 	return out
 }

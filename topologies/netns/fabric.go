@@ -16,13 +16,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// node is a Kubernetes node: a network namespace with eth0 on the fabric.
+// node is a Kubernetes node: a network namespace with eth0 on the fabric, and a mount
+// and cgroup namespace of its own (nodens.go).
 type node struct {
 	host
 	index    int
 	podCIDR  netip.Prefix
 	stateDir string
 	bpffs    string
+	mntNS    string // the pinned mount namespace
+	cgroupNS string // the pinned cgroup namespace; "" on a host without cgroup v2
 	t        *Topology
 }
 
@@ -168,6 +171,12 @@ func (t *Topology) createNodes(ctx context.Context, count int) error {
 		return err
 	}
 	defer fh.Close()
+	if err := ensureSharedNetnsDir(); err != nil {
+		return err
+	}
+	if err := t.prepareNSDir(); err != nil {
+		return err
+	}
 	for i := 0; i < count; i++ {
 		if err := ctx.Err(); err != nil {
 			return fmt.Errorf("creating nodes: %w", err)
@@ -202,6 +211,9 @@ func (t *Topology) createNodes(ctx context.Context, count int) error {
 			return err
 		}
 		if err := mountBPFFS(n.bpffs); err != nil {
+			return err
+		}
+		if err := t.createNodeNS(n); err != nil {
 			return err
 		}
 	}

@@ -45,6 +45,9 @@ type Options struct {
 	Logf func(format string, args ...any)
 	// RunRoot is where run directories live (default $TMPDIR/dpconform).
 	RunRoot string
+	// CNIDirs are directories of CNI plugins the implementation ships (the driver's
+	// info.cni_dir), searched before the topology's own.
+	CNIDirs []string
 }
 
 // Topology is a running netns topology. It implements topologies.Topology.
@@ -55,6 +58,7 @@ type Topology struct {
 	logf     func(string, ...any)
 	bins     controlplane.Binaries
 	cniConf  []byte
+	cniDirs  []string
 	cp       *controlplane.ControlPlane
 	nodes    []*node
 	external *host
@@ -109,6 +113,15 @@ func New(ctx context.Context, opts Options) (_ *Topology, err error) {
 		return nil, err
 	}
 	t.cniConf = opts.CNIConfig
+	for _, d := range opts.CNIDirs {
+		if !filepath.IsAbs(d) {
+			return nil, fmt.Errorf("CNI plugin directory %q: the driver's info.cni_dir must be an absolute path", d)
+		}
+		if st, err := os.Stat(d); err != nil || !st.IsDir() {
+			return nil, fmt.Errorf("CNI plugin directory %s (the driver's info.cni_dir) is not a directory: %v", d, err)
+		}
+	}
+	t.cniDirs = opts.CNIDirs
 	if len(t.cniConf) == 0 {
 		t.cniConf = []byte(DefaultCNIConfig)
 	}
@@ -269,14 +282,15 @@ func (t *Topology) Close() error {
 
 // host is a network namespace with one interface on the fabric or a pod network.
 type host struct {
-	name  string
-	netns string // name under /var/run/netns
-	ip    netip.Addr
+	name   string
+	netns  string // name under /var/run/netns
+	ip     netip.Addr
+	cgroup string // cgroup v2 directory its processes start in; "" for the caller's
 }
 
 func (h *host) Name() string                     { return h.name }
 func (h *host) IP() netip.Addr                   { return h.ip }
-func (h *host) Start(cmd *exec.Cmd) error        { return startIn(netnsPath(h.netns), cmd) }
+func (h *host) Start(cmd *exec.Cmd) error        { return startIn(netnsPath(h.netns), h.cgroup, cmd) }
 func (h *host) NetNSPath() string                { return netnsPath(h.netns) }
 func (h *host) handle() (*netlink.Handle, error) { return handleFor(h.netns) }
 

@@ -237,6 +237,44 @@ var _ = Describe("a 2-node netns topology", Ordered, func() {
 		Expect(topo.PinNeighbour(ctx, pods[0], addr, n)).To(MatchError(ContainSubstring("not a host on the fabric")))
 	})
 
+	It("gives each node its own bpffs at /sys/fs/bpf, its own /run and its own cgroup, and pods cgroups below it", func() {
+		a, b := topo.Nodes()[0], topo.Nodes()[1]
+		env := map[string]string{}
+		for _, kv := range a.DriverEnv() {
+			k, v, _ := strings.Cut(kv, "=")
+			env[k] = v
+		}
+		sh := func(h topologies.Host, script string) string {
+			GinkgoHelper()
+			out, err := topologies.Output(ctx, h, "/bin/sh", "-ec", script)
+			Expect(err).NotTo(HaveOccurred())
+			return strings.TrimSpace(string(out))
+		}
+		// A pin under /sys/fs/bpf in node-a is in DPC_BPFFS, and node-b does not see it.
+		sh(a, "mkdir /sys/fs/bpf/dpc-test && touch /run/dpc-test")
+		Expect(env["DPC_BPFFS"] + "/dpc-test").To(BeADirectory())
+		Expect(sh(b, "ls /sys/fs/bpf; ls /run")).NotTo(ContainSubstring("dpc-test"))
+		Expect("/run/dpc-test").NotTo(BeAnExistingFile(), "node-a's /run leaked onto the host")
+		Expect(sh(a, "ls /run")).To(ContainSubstring("dpc-test"))
+		// Its processes run in its cgroup, which is the root of the cgroup namespace
+		// they see; nothing of the host's hierarchy is visible.
+		Expect(sh(a, "cat /proc/self/cgroup | grep '^0::'")).To(Equal("0::/"))
+		Expect(sh(a, "ls /sys/fs/cgroup/unified 2>/dev/null || ls /sys/fs/cgroup")).NotTo(ContainSubstring("dpconform"))
+		// A pod's processes are in a child cgroup of its node's, as under a kubelet.
+		var onA topologies.Pod
+		for _, p := range pods {
+			if p.NodeName() == "node-a" {
+				onA = p
+			}
+		}
+		out, err := topologies.Output(ctx, onA, "cat", "/proc/self/cgroup")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(string(out)).To(MatchRegexp(`0::/dpconform/` + topo.RunID() + `/node-a/kubepods/\S+`))
+		// A pod made after the node is still visible in the node's /run/netns, as CNI
+		// plugins need it to be.
+		Expect(sh(a, "ls /run/netns")).To(ContainSubstring(topo.RunID() + "-pod-"))
+	})
+
 	It("writes a kubeconfig that works from inside a node", func() {
 		n := topo.Nodes()[0]
 		env := map[string]string{}

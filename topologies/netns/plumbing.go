@@ -62,14 +62,17 @@ func deleteNamedNS(name string) error {
 	return nil
 }
 
-// startIn starts cmd with its network namespace set to the one at path: a forked child
-// inherits the namespace of the thread that forks it. Unless the caller set one, the
-// child gets SIGKILL when this process dies, so a killed suite leaves no probe behind.
-func startIn(path string, cmd *exec.Cmd) error {
+// startIn starts cmd with its network namespace set to the one at path (a forked
+// child inherits the namespace of the thread that forks it), in the cgroup v2
+// directory cgroup unless that is "". Unless the caller set one, the child gets
+// SIGKILL when this process dies, so a killed suite leaves no probe behind.
+func startIn(path, cgroup string, cmd *exec.Cmd) error {
 	if cmd.SysProcAttr == nil {
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	}
-	return ns.WithNetNSPath(path, func(ns.NetNS) error { return cmd.Start() })
+	return startInCgroup(cgroup, cmd, func() error {
+		return ns.WithNetNSPath(path, func(ns.NetNS) error { return cmd.Start() })
+	})
 }
 
 // inNS runs fn with the calling goroutine's thread in the namespace at path.

@@ -1,7 +1,6 @@
 package netns
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -10,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -86,26 +86,16 @@ func (p *pod) Labels() map[string]string { return maps.Clone(p.labels) }
 func (p *pod) key() string               { return p.namespace + "/" + p.name }
 func (p *pod) String() string            { return p.key() + "@" + p.node.name }
 
-// nodeExec runs CNI plugins inside a node's network namespace, so that the host side of
-// a pod's veth lands in the node, as it would on a real node.
+// nodeExec runs CNI plugins inside a node (its network, mount and cgroup namespaces),
+// so that the host side of a pod's veth lands in the node and a plugin finds its agent
+// where the agent runs, as on a real node.
 type nodeExec struct {
 	*invoke.DefaultExec
-	nsPath string
+	node *node
 }
 
 func (e *nodeExec) ExecPlugin(ctx context.Context, pluginPath string, stdin []byte, environ []string) ([]byte, error) {
-	var stderr bytes.Buffer
-	raw := &invoke.RawExec{Stderr: &stderr}
-	var out []byte
-	err := inNS(e.nsPath, func() error {
-		var err error
-		out, err = raw.ExecPlugin(ctx, pluginPath, stdin, environ)
-		return err
-	})
-	if err != nil && stderr.Len() > 0 {
-		err = fmt.Errorf("%w (stderr: %s)", err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	return out, err
+	return runInNode(ctx, e.node, pluginPath, stdin, environ)
 }
 
 func (t *Topology) cniFor(n *node) (*libcni.CNIConfig, *libcni.NetworkConfigList, *libcni.PluginConfig, error) {
@@ -131,9 +121,11 @@ func (t *Topology) cniFor(n *node) (*libcni.CNIConfig, *libcni.NetworkConfigList
 	}
 	exec := &nodeExec{
 		DefaultExec: &invoke.DefaultExec{RawExec: &invoke.RawExec{Stderr: os.Stderr}, PluginDecoder: version.PluginDecoder{}},
-		nsPath:      n.NetNSPath(),
+		node:        n,
 	}
-	cni := libcni.NewCNIConfigWithCacheDir([]string{t.bins.CNIDir}, filepath.Join(dataDir, "cache"), exec)
+	// The implementation's own plugins first, then the topology's.
+	dirs := append(slices.Clone(t.cniDirs), t.bins.CNIDir)
+	cni := libcni.NewCNIConfigWithCacheDir(dirs, filepath.Join(dataDir, "cache"), exec)
 	return cni, list, lo, nil
 }
 
@@ -178,6 +170,7 @@ func (t *Topology) AddPod(ctx context.Context, spec topologies.PodSpec) (_ topol
 		labels:      maps.Clone(spec.Labels),
 		containerID: t.runID + "-" + spec.Namespace + "-" + spec.Name,
 	}
+	p.cgroup = n.podCgroup(p)
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -210,6 +203,11 @@ func (t *Topology) AddPod(ctx context.Context, spec topologies.PodSpec) (_ topol
 		return nil, err
 	}
 	nsh.Close()
+	if p.cgroup != "" {
+		if err := os.Mkdir(p.cgroup, 0o755); err != nil {
+			return nil, fmt.Errorf("create the cgroup of pod %s: %w", p.key(), err)
+		}
+	}
 	cni, list, lo, err := t.cniFor(n)
 	if err != nil {
 		return nil, err
@@ -337,6 +335,9 @@ func (t *Topology) teardownPod(ctx context.Context, p *pod, deleteObject, networ
 		cniDel()
 	}
 	if err := deleteNamedNS(p.netns); err != nil {
+		errs = append(errs, err)
+	}
+	if err := removeCgroupTree(p.cgroup); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -168,7 +168,7 @@ var _ = Describe("kube-router through its driver", Ordered, ContinueOnFailure, f
 		drv := newDriver()
 		info, err := drv.Info(ctx)
 		Expect(err).NotTo(HaveOccurred())
-		topo, err = netns.New(ctx, netns.Options{CNIConfig: info.CNI, Logf: func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) }})
+		topo, err = netns.New(ctx, netns.Options{CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) }})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func(ctx SpecContext) {
 			id := topo.RunID()
