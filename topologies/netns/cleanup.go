@@ -310,26 +310,58 @@ func envOf(pid int, key string) string {
 	return ""
 }
 
-// unmountUnder detaches every mount at or below dir, deepest first.
-func unmountUnder(dir string) error {
+// mountEntry is one line of /proc/self/mountinfo: the mount point, the filesystem
+// type and the optional fields (shared:N, master:N, ...), in the kernel's order.
+type mountEntry struct {
+	point    string
+	fsType   string
+	optional []string
+}
+
+// readMounts returns this process's mounts, in mountinfo's order (later mounts on
+// the same point come after the ones they cover).
+func readMounts() ([]mountEntry, error) {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	var points []string
+	var out []mountEntry
 	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
+		// Six fixed fields, the optional ones, then " - " and the filesystem type.
+		pre, post, ok := strings.Cut(line, " - ")
+		if !ok {
 			continue
 		}
-		mp := unescapeMount(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			points = append(points, mp)
+		pf, qf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 6 || len(qf) < 1 {
+			continue
+		}
+		out = append(out, mountEntry{point: unescapeMount(pf[4]), fsType: qf[0], optional: pf[6:]})
+	}
+	return out, nil
+}
+
+// mountsUnder lists the mount points at or below dir, deepest first, so that a mount
+// goes before the one it sits on.
+func mountsUnder(dir string, mounts []mountEntry) []string {
+	var points []string
+	for _, m := range mounts {
+		if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
+			points = append(points, m.point)
 		}
 	}
 	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	return points
+}
+
+// unmountUnder detaches every mount at or below dir, deepest first.
+func unmountUnder(dir string) error {
+	mounts, err := readMounts()
+	if err != nil {
+		return err
+	}
 	var errs []error
-	for _, mp := range points {
+	for _, mp := range mountsUnder(dir, mounts) {
 		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 			errs = append(errs, fmt.Errorf("unmount %s: %w", mp, err))
 		}
@@ -379,10 +411,10 @@ func Leftovers(runRoot, id string) []string {
 			}
 		}
 	}
-	if data, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
-		for _, line := range strings.Split(string(data), "\n") {
-			if f := strings.Fields(line); len(f) > 4 && strings.Contains(unescapeMount(f[4]), id) {
-				out = append(out, "mount "+f[4])
+	if mounts, err := readMounts(); err == nil {
+		for _, m := range mounts {
+			if strings.Contains(m.point, id) {
+				out = append(out, "mount "+m.point)
 			}
 		}
 	}

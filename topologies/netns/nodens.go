@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -42,20 +43,14 @@ const cgroupParent = "dpconform"
 // cgroup2Root returns where the host mounts the cgroup v2 hierarchy (/sys/fs/cgroup
 // on a unified host, /sys/fs/cgroup/unified on a hybrid one), or "" if it does not.
 func cgroup2Root() string {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := readMounts()
 	if err != nil {
 		return ""
 	}
 	var found []string
-	for _, line := range strings.Split(string(data), "\n") {
-		// The filesystem type follows the " - " separator.
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		pf, qf := strings.Fields(pre), strings.Fields(post)
-		if len(pf) >= 5 && len(qf) >= 1 && qf[0] == "cgroup2" {
-			found = append(found, unescapeMount(pf[4]))
+	for _, m := range mounts {
+		if m.fsType == "cgroup2" {
+			found = append(found, m.point)
 		}
 	}
 	// The shortest is the host's own; a longer one is a copy made somewhere below.
@@ -109,26 +104,16 @@ func ensureSharedNetnsDir() error {
 
 // mountPropagation reports whether dir is a mount point, and whether it is shared.
 func mountPropagation(dir string) (shared, mounted bool) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := readMounts()
 	if err != nil {
 		return false, false
 	}
-	for _, line := range strings.Split(string(data), "\n") {
-		pre, _, ok := strings.Cut(line, " - ")
-		if !ok {
+	for _, m := range mounts {
+		if m.point != dir {
 			continue
 		}
-		f := strings.Fields(pre)
-		if len(f) < 6 || unescapeMount(f[4]) != dir {
-			continue
-		}
-		mounted = true
-		shared = false // the last mount on dir is the one seen
-		for _, opt := range f[6:] {
-			if strings.HasPrefix(opt, "shared:") {
-				shared = true
-			}
-		}
+		// The last mount on dir is the one seen.
+		mounted, shared = true, slices.ContainsFunc(m.optional, func(o string) bool { return strings.HasPrefix(o, "shared:") })
 	}
 	return shared, mounted
 }
@@ -219,26 +204,19 @@ func (t *Topology) createNodeNS(n *node) error {
 	return nil
 }
 
-// foreignMounts lists the mount points under runRoot that are not under keep: the
-// other runs' and nodes' bpffs mounts and namespace pins.
+// foreignMounts lists the mount points under runRoot that are not under keep (the
+// other runs' and nodes' bpffs mounts and namespace pins), deepest first.
 func foreignMounts(runRoot, keep string) []string {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := readMounts()
 	if err != nil {
 		return nil
 	}
 	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMount(f[4])
-		if strings.HasPrefix(mp, runRoot+"/") && mp != keep && !strings.HasPrefix(mp, keep+"/") {
+	for _, mp := range mountsUnder(runRoot, mounts) {
+		if mp != runRoot && mp != keep && !strings.HasPrefix(mp, keep+"/") {
 			out = append(out, mp)
 		}
 	}
-	// Deepest first, so that a mount goes before the one it sits on.
-	sort.Slice(out, func(i, j int) bool { return len(out[i]) > len(out[j]) })
 	return out
 }
 
