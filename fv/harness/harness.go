@@ -554,9 +554,10 @@ func (w *World) VanishPod(ctx context.Context, p topologies.Pod) error {
 	return w.Topo.VanishPod(ctx, p)
 }
 
-// Cleanup stops every probe and server, removes kube-proxy and its rules from the
-// nodes it still ran on or left rules on, and asks the driver to remove the
-// implementation from every node.
+// Cleanup stops every probe and server, removes every pod (while the implementation
+// still runs, for its CNI DEL), removes kube-proxy and its rules from the nodes it
+// still ran on or left rules on, and asks the driver to remove the implementation
+// from every node.
 func (w *World) Cleanup(ctx context.Context) error {
 	w.mu.Lock()
 	servers, reaches := w.servers, w.reaches
@@ -565,6 +566,14 @@ func (w *World) Cleanup(ctx context.Context) error {
 	w.kubeProxy = nil
 	w.mu.Unlock()
 	errs := []error{w.StopProbes(ctx), stopAll(ctx, reaches), stopAll(ctx, servers)}
+	// Pods go before the implementation's clean-up, as a node is drained: a CNI DEL
+	// may need the agent (Cilium's and Calico's plugins ask it), which the driver's
+	// clean-up stops.
+	for _, p := range w.Topo.Pods() {
+		if err := w.Topo.RemovePod(ctx, p); err != nil {
+			errs = append(errs, fmt.Errorf("remove pod %s: %w", p.Name(), err))
+		}
+	}
 	for _, n := range w.Topo.Nodes() {
 		errs = append(errs, w.Driver.Cleanup(ctx, NodeEnv(n)))
 		if f := kps[n.Name()]; f != nil {

@@ -30,6 +30,7 @@ type fakeTopo struct {
 }
 
 func (t fakeTopo) Nodes() []topologies.Node { return t.nodes }
+func (t fakeTopo) Pods() []topologies.Pod   { return nil }
 
 // fakeDriver answers Collect and Status from functions.
 type fakeDriver struct {
