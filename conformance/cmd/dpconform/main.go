@@ -14,6 +14,7 @@ import (
 
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/topologies"
+	"github.com/dpconform/dpconform/topologies/kind/dockerd"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
 
@@ -27,9 +28,12 @@ usage:
   dpconform cleanup [--run ID ...]     remove what killed runs left behind (idempotent)
   dpconform topology up [flags]        bring a netns topology up and hold it until ^C
   dpconform probe ROLE [flags]         a traffic probe (the suite runs it in namespaces)
+  dpconform pause                      wait for SIGTERM (the kind topology's pods and
+                                       external client run it; probes join them)
 `
 
 func main() {
+	dockerd.RuntimeWrapperMain()
 	probe.RunIfChild()
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
@@ -43,6 +47,8 @@ func main() {
 		listSpecs()
 	case "probe":
 		os.Exit(probe.Main(os.Args[2:]))
+	case "pause":
+		pause()
 	case "cleanup":
 		err = cleanup(os.Args[2:])
 	case "topology":
@@ -62,6 +68,14 @@ func main() {
 		fmt.Fprintln(os.Stderr, "dpconform:", err)
 		os.Exit(1)
 	}
+}
+
+// pause holds a container of the kind topology until it is stopped: a pod's workload
+// container or the external client, whose namespaces the suite's probes enter.
+func pause() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	<-sigs
 }
 
 type multiFlag []string

@@ -29,7 +29,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	goruntime "runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -56,7 +55,6 @@ type Options struct {
 type Daemon struct {
 	root    string
 	run     string // runtime state: socket, pidfile, exec-root, config
-	netns   string // name under /run/netns
 	link    string // host side of the veth into the namespace
 	slot    int
 	cmd     *exec.Cmd
@@ -81,8 +79,8 @@ const (
 // RunDirBase/<slot>.
 const RunDirBase = "/run/dpconform-docker"
 
-// netnsPrefix names the daemon's network namespace and its host link.
-const netnsPrefix = "dpcdocker"
+// linkPrefix names the host side of the daemon's veth.
+const linkPrefix = "dpcdocker"
 
 // slotFor derives a daemon's slot from its root, so that the same root gets the same
 // addresses across runs (docker keeps its networks' subnets in its data-root).
@@ -118,8 +116,10 @@ func (d *Daemon) socket() string { return filepath.Join(d.run, "docker.sock") }
 // Env is the environment a docker client (the CLI, kind) needs to reach the daemon.
 func (d *Daemon) Env() []string { return []string{"DOCKER_HOST=" + d.Host()} }
 
-// NetNS is the path of the daemon's network namespace.
-func (d *Daemon) NetNS() string { return filepath.Join("/run/netns", d.netns) }
+// NetNS is the path of the daemon's network namespace: dockerd's own. It is not bound
+// to a name under /run/netns, so it lives exactly as long as the daemon, its
+// containerd and shims do: a killed daemon leaves no namespace to remove.
+func (d *Daemon) NetNS() string { return fmt.Sprintf("/proc/%d/ns/net", d.cmd.Process.Pid) }
 
 // CLI is the docker client the project runs: Debian's, which matches Debian's dockerd,
 // when it is installed, else the first on PATH.
@@ -183,8 +183,7 @@ func Start(ctx context.Context, opts Options) (_ *Daemon, err error) {
 		d.logf = func(string, ...any) {}
 	}
 	d.run = filepath.Join(RunDirBase, fmt.Sprint(d.slot))
-	d.netns = fmt.Sprintf("%s%d", netnsPrefix, d.slot)
-	d.link = d.netns
+	d.link = fmt.Sprintf("%s%d", linkPrefix, d.slot)
 	if err := os.MkdirAll(filepath.Join(root, "data"), 0o711); err != nil {
 		return nil, err
 	}
@@ -207,9 +206,6 @@ func Start(ctx context.Context, opts Options) (_ *Daemon, err error) {
 	if err := os.MkdirAll(d.run, 0o700); err != nil {
 		return nil, err
 	}
-	if err := d.network(); err != nil {
-		return nil, err
-	}
 	cfg, err := d.writeConfig()
 	if err != nil {
 		return nil, err
@@ -221,15 +217,20 @@ func Start(ctx context.Context, opts Options) (_ *Daemon, err error) {
 	}
 	defer log.Close()
 	d.cmd = exec.Command("dockerd", "--config-file", cfg)
+	d.cmd.Dir = d.run
 	d.cmd.Stdout, d.cmd.Stderr = log, log
-	// dockerd stops its containers when its owner dies; `dpconform cleanup` (Reap)
-	// removes what is left.
-	d.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM, Setpgid: true}
-	d.logf("starting dockerd in network namespace %s (data %s, log %s)", d.netns, filepath.Join(root, "data"), logPath)
-	if err := ns.WithNetNSPath(d.NetNS(), func(ns.NetNS) error { return d.cmd.Start() }); err != nil {
+	// A network namespace of its own, made by the clone; dockerd stops its containers
+	// when its owner dies, and a later Start of the same root removes what is left.
+	d.cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNET, Pdeathsig: syscall.SIGTERM, Setpgid: true}
+	d.logf("starting dockerd in a network namespace of its own (data %s, log %s)", filepath.Join(root, "data"), logPath)
+	if err := d.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start dockerd: %w", err)
 	}
 	go func() { d.cmd.Wait(); close(d.done) }()
+	// dockerd needs no network to start; the link is up before it answers.
+	if err := d.network(); err != nil {
+		return nil, err
+	}
 	if err := d.waitReady(ctx, logPath); err != nil {
 		return nil, err
 	}
@@ -309,15 +310,15 @@ func prefixOf(n *net.IPNet) (netip.Prefix, bool) {
 // network creates the daemon's namespace, the veth from the host into it with its
 // addresses, forwarding inside it, and the host's route to the pool.
 func (d *Daemon) network() error {
-	h, err := newNamed(d.netns)
+	h, err := netns.GetFromPath(d.NetNS())
 	if err != nil {
-		return fmt.Errorf("create network namespace %s: %w", d.netns, err)
+		return fmt.Errorf("dockerd's network namespace: %w", err)
 	}
 	defer h.Close()
 	hostIP, peerIP := linkAddrs(d.slot)
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: d.link}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(h))}
 	if err := netlink.LinkAdd(veth); err != nil {
-		return fmt.Errorf("create veth %s into %s: %w", d.link, d.netns, err)
+		return fmt.Errorf("create veth %s into %s: %w", d.link, d.NetNS(), err)
 	}
 	l, err := netlink.LinkByName(d.link)
 	if err != nil {
@@ -337,7 +338,7 @@ func (d *Daemon) network() error {
 	for _, name := range []string{"lo", "eth0"} {
 		pl, err := nh.LinkByName(name)
 		if err != nil {
-			return fmt.Errorf("%s in %s: %w", name, d.netns, err)
+			return fmt.Errorf("%s in %s: %w", name, d.NetNS(), err)
 		}
 		if name == "eth0" {
 			if err := nh.AddrAdd(pl, &netlink.Addr{IPNet: ipNet(netip.PrefixFrom(peerIP, 30))}); err != nil {
@@ -351,33 +352,13 @@ func (d *Daemon) network() error {
 	if err := ns.WithNetNSPath(d.NetNS(), func(ns.NetNS) error {
 		return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644)
 	}); err != nil {
-		return fmt.Errorf("ip_forward in %s: %w", d.netns, err)
+		return fmt.Errorf("ip_forward in %s: %w", d.NetNS(), err)
 	}
 	route := &netlink.Route{LinkIndex: l.Attrs().Index, Dst: ipNet(d.Pool()), Gw: peerIP.AsSlice()}
 	if err := netlink.RouteAdd(route); err != nil {
 		return fmt.Errorf("route %s via %s on the host: %w", d.Pool(), peerIP, err)
 	}
 	return nil
-}
-
-// newNamed creates a named network namespace. netns.NewNamed moves the calling thread
-// into it; the thread is locked for that and moved back, so no other goroutine ever
-// runs there.
-func newNamed(name string) (netns.NsHandle, error) {
-	goruntime.LockOSThread()
-	defer goruntime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return 0, err
-	}
-	defer orig.Close()
-	h, err := netns.NewNamed(name)
-	if serr := netns.Set(orig); serr != nil {
-		// This thread is stuck in the wrong namespace: let it die with the goroutine.
-		goruntime.LockOSThread()
-		return 0, errors.Join(err, fmt.Errorf("return to the original network namespace: %w", serr))
-	}
-	return h, err
 }
 
 func ipNet(p netip.Prefix) *net.IPNet {
@@ -421,6 +402,13 @@ func (d *Daemon) writeConfig() (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("find the running executable (dockerd's runtime wrapper): %w", err)
 	}
+	// dockerd runs its runtime's path alone too (`<path> --version`), so the path
+	// is a script that always passes the flag RuntimeWrapperMain looks for.
+	wrapper := filepath.Join(d.run, "runc")
+	script := fmt.Sprintf("#!/bin/sh\nexec %s %s \"$@\"\n", shellQuote(self), wrapperFlag)
+	if err := os.WriteFile(wrapper, []byte(script), 0o755); err != nil {
+		return "", err
+	}
 	cfg := daemonConfig{
 		DataRoot: filepath.Join(d.root, "data"),
 		ExecRoot: filepath.Join(d.run, "exec"),
@@ -432,7 +420,7 @@ func (d *Daemon) writeConfig() (string, error) {
 		IPMasq:         false,
 		CgroupParent:   d.cgroupParent(),
 		DefaultRuntime: RuntimeName,
-		Runtimes:       map[string]runtime{RuntimeName: {Path: self, RuntimeArgs: []string{wrapperFlag}}},
+		Runtimes:       map[string]runtime{RuntimeName: {Path: wrapper}},
 		AddressPools:   []addressPool{{Base: d.Pool().String(), Size: 24}},
 		StorageDriver:  "overlay2",
 		LogDriver:      "json-file",
@@ -444,6 +432,8 @@ func (d *Daemon) writeConfig() (string, error) {
 	p := filepath.Join(d.run, "daemon.json")
 	return p, os.WriteFile(p, data, 0o644)
 }
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 func (d *Daemon) waitReady(ctx context.Context, logPath string) error {
 	ctx, cancel := context.WithTimeout(ctx, 60*time.Second)
@@ -510,8 +500,8 @@ func (d *Daemon) cgroupParent() string { return fmt.Sprintf("dpconform-docker-%d
 
 // reap removes what a daemon of this slot left: processes that carry its runtime
 // directory in their command line (dockerd, containerd, shims), the processes of its
-// containers (by their cgroups) and those cgroups, mounts under its directories, its
-// namespace and link.
+// containers (by their cgroups) and those cgroups, mounts under its directories, and
+// its host link. Its namespace goes with the last of those processes.
 func (d *Daemon) reap() error {
 	var errs []error
 	if err := killUnder(d.run); err != nil {
@@ -531,11 +521,6 @@ func (d *Daemon) reap() error {
 	if l, err := netlink.LinkByName(d.link); err == nil {
 		if err := netlink.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("delete link %s: %w", d.link, err))
-		}
-	}
-	if _, err := os.Stat(d.NetNS()); err == nil {
-		if err := netns.DeleteNamed(d.netns); err != nil {
-			errs = append(errs, fmt.Errorf("delete network namespace %s: %w", d.netns, err))
 		}
 	}
 	return errors.Join(errs...)
