@@ -299,13 +299,14 @@ func (c *Cluster) createNetwork(ctx context.Context) error {
 }
 
 // probeImage makes an image holding only the probe binary, at its path, and returns
-// its name (by the binary's digest, so a rebuilt binary gets an image of its own).
+// its name: a digest of the binary and its path, so a rebuilt or moved binary gets an
+// image of its own.
 func probeImage(ctx context.Context, d *dockerd.Daemon, bin string) (string, error) {
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(data)
+	sum := sha256.Sum256(append([]byte(bin+"\x00"), data...))
 	name := "dpconform.local/probe:" + hex.EncodeToString(sum[:])[:16]
 	if nodeimage.Exists(ctx, d, name) {
 		return name, nil

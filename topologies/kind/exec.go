@@ -34,7 +34,9 @@ func enter(h nsHost, cmd *exec.Cmd) error {
 	if cmd.Err != nil {
 		return cmd.Err
 	}
-	args := []string{"nsenter", "--target", strconv.Itoa(pid), "--mount", "--uts", "--ipc", "--net", "--", path}
+	// --root and --wd: the target's root directory, which a container's pivot_root
+	// made its own; entering the mount namespace alone leaves the namespace's.
+	args := []string{"nsenter", "--target", strconv.Itoa(pid), "--mount", "--uts", "--ipc", "--net", "--root", "--wd", "--", path}
 	if len(cmd.Args) > 1 {
 		args = append(args, cmd.Args[1:]...)
 	}

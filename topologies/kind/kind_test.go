@@ -260,6 +260,7 @@ func TestRemoveAndVanish(t *testing.T) {
 		expectLine(t, held, "listening", 10*time.Second)
 		ended, _ := run(t, client, "watch", net.JoinHostPort(p.IP().String(), "8080"))
 		expectLine(t, ended, "connected", 10*time.Second)
+		expectLine(t, held, "accepted", 10*time.Second)
 		if !vanish {
 			if err := topo.RemovePod(ctx, p); err != nil {
 				t.Fatal(err)

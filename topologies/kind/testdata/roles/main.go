@@ -4,7 +4,8 @@
 //	roles pause             wait for SIGTERM (a pod's container, the external client)
 //	roles echo ADDR NAME    answer every connection with NAME
 //	roles dial ADDR         print what the server at ADDR says; retry for 5 s
-//	roles hold ADDR         accept connections and keep them open, silent
+//	roles hold ADDR         accept connections and keep them open, silent; print
+//	                        "accepted" for each
 //	roles watch ADDR        connect, print "connected", then how the connection ends
 package main
 
@@ -83,6 +84,9 @@ func run(role string, args []string) int {
 				return 1
 			}
 			held = append(held, c)
+			// Only an accepted connection ends with a FIN when this process dies; one
+			// still in the backlog ends with a RST.
+			fmt.Println("accepted")
 		}
 	case "watch":
 		c, err := net.DialTimeout("tcp", args[0], 5*time.Second)
