@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -186,7 +188,12 @@ func NewCluster(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		c.image = nodeimage.Tag()
 	}
 	if !nodeimage.Exists(ctx, c.daemon, c.image) {
-		return nil, fmt.Errorf("node image %s is not in the project's Docker (%s): build it with `make kind-image`, or set DPC_KIND_IMAGE to an image there", c.image, DockerRoot())
+		// The project's dockerd has no uplink: it pulls nothing.
+		how := "build it with `make kind-image`"
+		if c.image != nodeimage.Tag() {
+			how = "load it there (DOCKER_HOST=" + c.daemon.Host() + " docker load)"
+		}
+		return nil, fmt.Errorf("node image %s is not in the project's Docker (%s): %s", c.image, DockerRoot(), how)
 	}
 	if err := c.createNetwork(ctx); err != nil {
 		return nil, err
@@ -201,6 +208,9 @@ func NewCluster(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	if err := c.fabric(); err != nil {
+		return nil, err
+	}
+	if err := c.mountBPFFS(ctx); err != nil {
 		return nil, err
 	}
 	if err := c.installCNI(ctx, opts.CNIDirs); err != nil {
@@ -522,6 +532,31 @@ func (c *Cluster) newNode(ctx context.Context, i int, kn nodes.Node) (*node, err
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
+}
+
+// bpffsMagic is statfs's f_type of a bpffs.
+const bpffsMagic = 0xcafe4a11
+
+// mountBPFFS mounts a bpffs at /sys/fs/bpf in every node, as systemd does at a host's
+// boot (in a container it does not): each node has its own, as on netns, and an
+// agent's pins outlive its pod on its node.
+func (c *Cluster) mountBPFFS(ctx context.Context) error {
+	for _, n := range c.nodes {
+		var st unix.Statfs_t
+		if err := unix.Statfs(fmt.Sprintf("/proc/%d/root/sys/fs/bpf", n.pid), &st); err == nil && st.Type == bpffsMagic {
+			continue
+		}
+		cmd := exec.CommandContext(ctx, "mount", "-t", "bpf", "bpffs", "/sys/fs/bpf")
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := enter(n, cmd); err != nil {
+			return err
+		}
+		if err := cmd.Wait(); err != nil {
+			return fmt.Errorf("mount a bpffs at /sys/fs/bpf in %s: %w: %s", n.name, err, bytes.TrimSpace(out.Bytes()))
+		}
+	}
+	return nil
 }
 
 // fabric gives the nodes the routing of the netns topology's fabric: forwarding on,

@@ -73,14 +73,22 @@ func run(args []string) error {
 	if *verbose {
 		cfg.Logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
 	}
+	var kt *kindTopologies
 	if *topology == "kind" {
-		k := &kindTopologies{probe: self, image: *kindImage, logf: cfg.Logf}
-		defer k.Close()
-		cfg.NewTopology = k.New
+		kt = &kindTopologies{probe: self, image: *kindImage, logf: cfg.Logf}
+		defer kt.Close()
+		cfg.NewTopology = kt.New
 	}
 	r, err := conformance.NewRunner(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("ask the driver for info: %w", err)
+	}
+	if kt != nil {
+		// Made before the first spec, so that what the kubelets write to the host
+		// at their start is not taken for the first spec's implementation's doing.
+		if err := kt.prepare(ctx, r.Info()); err != nil {
+			return fmt.Errorf("kind topology: %w", err)
+		}
 	}
 	t := &suiteT{}
 	var rep conformance.Report
@@ -102,13 +110,21 @@ type kindTopologies struct {
 	cluster      *kind.Cluster
 }
 
+func (k *kindTopologies) prepare(ctx context.Context, info driver.Info) error {
+	if k.cluster != nil {
+		return nil
+	}
+	c, err := kind.NewCluster(ctx, kind.Options{ProbeBinary: k.probe, Image: k.image, CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: k.logf})
+	if err != nil {
+		return err
+	}
+	k.cluster = c
+	return nil
+}
+
 func (k *kindTopologies) New(ctx context.Context, info driver.Info) (topologies.Topology, error) {
-	if k.cluster == nil {
-		c, err := kind.NewCluster(ctx, kind.Options{ProbeBinary: k.probe, Image: k.image, CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: k.logf})
-		if err != nil {
-			return nil, err
-		}
-		k.cluster = c
+	if err := k.prepare(ctx, info); err != nil {
+		return nil, err
 	}
 	return k.cluster.Session(ctx)
 }

@@ -320,7 +320,10 @@ func kindAgentPID(node string) int {
 		if err != nil {
 			continue
 		}
-		if bytes.HasPrefix(proc.Cmdline(pid), want) && proc.Alive(pid) {
+		// Read directly: proc.Cmdline waits out an empty command line, which every
+		// kernel thread has.
+		cmdline, _ := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if bytes.HasPrefix(cmdline, want) && proc.Alive(pid) {
 			return pid
 		}
 	}

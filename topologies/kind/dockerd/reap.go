@@ -24,7 +24,10 @@ func killUnder(dir string) error {
 	var victims []int
 	self := os.Getpid()
 	for _, pid := range pids() {
-		if pid != self && bytes.Contains(proc.Cmdline(pid), []byte(dir+"/")) {
+		// Read directly: proc.Cmdline waits on empty command lines, and every
+		// kernel thread has one.
+		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+		if pid != self && bytes.Contains(cmdline, []byte(dir+"/")) {
 			victims = append(victims, pid)
 		}
 	}
