@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -36,43 +37,46 @@ var (
 
 func TestMain(m *testing.M) {
 	dockerd.RuntimeWrapperMain()
-	code := func() int {
-		if privileged.Missing() != "" {
-			return m.Run()
-		}
-		dir, err := os.MkdirTemp("", "dpconform-kind-test-")
-		if err != nil {
-			setup = err
-			return m.Run()
-		}
-		defer os.RemoveAll(dir)
-		roles = filepath.Join(dir, "roles")
-		build := exec.Command("go", "build", "-o", roles, "./testdata/roles")
-		build.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := build.CombinedOutput(); err != nil {
-			setup = fmt.Errorf("build testdata/roles: %v: %s", err, out)
-			return m.Run()
-		}
-		before = hostState()
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		start := time.Now()
-		cluster, setup = kind.NewCluster(ctx, kind.Options{ProbeBinary: roles, Logf: func(f string, a ...any) {
-			fmt.Printf("%s "+f+"\n", append([]any{time.Since(start).Round(100 * time.Millisecond)}, a...)...)
-		}})
-		if setup == nil {
-			if topo, setup = cluster.Session(ctx); setup != nil {
-				cluster.Close()
-				cluster = nil
-			}
-		}
-		code := m.Run()
-		if cluster != nil {
-			cluster.Close()
-		}
-		return code
-	}()
+	code := m.Run()
+	if cluster != nil {
+		cluster.Close()
+	}
+	if roles != "" {
+		os.RemoveAll(filepath.Dir(roles))
+	}
 	os.Exit(code)
+}
+
+var once sync.Once
+
+// bringUp makes the cluster the first time a test needs it: the package's unit
+// tests need none.
+func bringUp() {
+	dir, err := os.MkdirTemp("", "dpconform-kind-test-")
+	if err != nil {
+		setup = err
+		return
+	}
+	roles = filepath.Join(dir, "roles")
+	build := exec.Command("go", "build", "-o", roles, "./testdata/roles")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		setup = fmt.Errorf("build testdata/roles: %v: %s", err, out)
+		return
+	}
+	before = hostState()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	cluster, setup = kind.NewCluster(ctx, kind.Options{ProbeBinary: roles, Logf: func(f string, a ...any) {
+		fmt.Printf("%s "+f+"\n", append([]any{time.Since(start).Round(100 * time.Millisecond)}, a...)...)
+	}})
+	if setup == nil {
+		if topo, setup = cluster.Session(ctx); setup != nil {
+			cluster.Close()
+			cluster = nil
+		}
+	}
 }
 
 // need skips or fails a test that needs the cluster: privileges first (privileged
@@ -81,6 +85,7 @@ func TestMain(m *testing.M) {
 func need(t *testing.T) {
 	t.Helper()
 	privileged.Require(t)
+	once.Do(bringUp)
 	if setup != nil {
 		if strings.Contains(setup.Error(), "make kind-image") && !privileged.Required() {
 			t.Skip("SKIPPED KIND TEST: " + setup.Error())
