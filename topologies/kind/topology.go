@@ -15,7 +15,6 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -400,9 +399,4 @@ func withLink(h nsHost, name string, fn func(*netlink.Handle, netlink.Link) erro
 		return fmt.Errorf("%s in %s: %w", name, h.Name(), err)
 	}
 	return fn(nh, l)
-}
-
-// nodeObject reads a Node.
-func (c *Cluster) nodeObject(ctx context.Context, name string) (*corev1.Node, error) {
-	return c.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
 }
