@@ -349,13 +349,45 @@ func innermostPID(pid int) int {
 	return 0
 }
 
+// kindStatus: the agent is its container's PID 1, so every incarnation writes the
+// same PID into its status file; a file is the running agent's only if it was
+// written after that process started.
 func kindStatus(n skel.Node) (bool, bool) {
 	pid := kindAgentPID(n.Name)
 	if pid == 0 {
 		return false, false
 	}
 	st, err := agent.ReadStatus(n.StateDir)
-	return true, err == nil && st.Ready && st.PID == innermostPID(pid)
+	if err != nil || !st.Ready || st.PID != innermostPID(pid) {
+		return true, false
+	}
+	started, err := startedAt(pid)
+	return true, err == nil && !st.Updated.Before(started)
+}
+
+// startedAt is when pid started, from the boot time (whole seconds, so up to a second
+// early) and its start in clock ticks (USER_HZ, 100 on Linux). A stale status file is
+// older than that by more: kill removes it, and a restart takes its kubelet a second.
+func startedAt(pid int) (time.Time, error) {
+	ticks, err := proc.StartTime(pid)
+	if err != nil {
+		return time.Time{}, err
+	}
+	data, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return time.Time{}, err
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if v, ok := strings.CutPrefix(l, "btime "); ok {
+			boot, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			if err != nil {
+				return time.Time{}, err
+			}
+			// Truncated to the tick: a status written in the agent's first tick counts.
+			return time.Unix(boot, 0).Add(time.Duration(ticks) * 10 * time.Millisecond), nil
+		}
+	}
+	return time.Time{}, errors.New("no btime in /proc/stat")
 }
 
 // kindStop unselects the node and waits until its agent has exited.
@@ -393,6 +425,8 @@ func kindKill(n skel.Node) error {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// Its kubelet restarts it in a second or so; what it said of itself is void.
+	os.Remove(filepath.Join(n.StateDir, agent.StatusFile))
 	return nil
 }
 
