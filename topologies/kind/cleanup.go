@@ -128,6 +128,12 @@ func Cleanup(ctx context.Context, opts CleanupOptions) error {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
 	d, err := dockerd.Start(ctx, dockerd.Options{Root: DockerRoot(), Logf: logf, Wait: time.Second})
+	if errors.Is(err, dockerd.ErrBusy) {
+		// A live kind run holds the daemon; it removes what it makes, and its own
+		// start reaps what killed runs left.
+		logf("kind: a live run holds the project's dockerd; nothing of it to clean up now")
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("kind cleanup: %w", err)
 	}

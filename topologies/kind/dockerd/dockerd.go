@@ -265,7 +265,7 @@ func lock(ctx context.Context, path string, wait time.Duration, logf func(string
 		select {
 		case <-ctx.Done():
 			f.Close()
-			return nil, fmt.Errorf("another process of this machine runs the dockerd of %s (lock %s held): %w", filepath.Dir(path), path, ctx.Err())
+			return nil, fmt.Errorf("%w: another process of this machine runs the dockerd of %s (lock %s held): %w", ErrBusy, filepath.Dir(path), path, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -393,6 +393,9 @@ type addressPool struct {
 	Base string `json:"base"`
 	Size int    `json:"size"`
 }
+
+// ErrBusy: another process runs the daemon of the same root (a live kind run).
+var ErrBusy = errors.New("dockerd busy")
 
 // RuntimeName is the name of the wrapped runc in dockerd's configuration.
 const RuntimeName = "dpc-runc"
