@@ -47,7 +47,7 @@ type Options struct {
 	// Logf reports progress; nil discards it.
 	Logf func(format string, args ...any)
 	// Wait bounds the wait for another process of this machine that runs a daemon on
-	// the same Root (only one may); zero means as long as ctx allows.
+	// the same Root or slot (only one may); zero means as long as ctx allows.
 	Wait time.Duration
 }
 
@@ -159,7 +159,7 @@ func (d *Daemon) Command(ctx context.Context, args ...string) *exec.Cmd {
 }
 
 // Start starts dockerd for opts.Root in a network namespace of its own and waits until
-// it answers. Only one process of the machine runs a daemon for a given Root at a
+// it answers. Only one process of the machine runs a daemon of a given slot at a
 // time: Start waits for the lock (opts.Wait, ctx). What a daemon that was killed left
 // (its namespace, link, processes) is removed first.
 func Start(ctx context.Context, opts Options) (_ *Daemon, err error) {
@@ -187,7 +187,12 @@ func Start(ctx context.Context, opts Options) (_ *Daemon, err error) {
 	if err := os.MkdirAll(filepath.Join(root, "data"), 0o711); err != nil {
 		return nil, err
 	}
-	if d.unlock, err = lock(ctx, filepath.Join(root, "daemon.lock"), opts.Wait, d.logf); err != nil {
+	// One daemon per slot: two roots of the same slot would share a runtime
+	// directory, a link name and a pool.
+	if err := os.MkdirAll(RunDirBase, 0o755); err != nil {
+		return nil, err
+	}
+	if d.unlock, err = lock(ctx, d.run+".lock", opts.Wait, d.logf); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -259,13 +264,13 @@ func lock(ctx context.Context, path string, wait time.Duration, logf func(string
 			return nil, fmt.Errorf("lock %s: %w", path, err)
 		}
 		if !said {
-			logf("another process runs the dockerd of %s; waiting for it (lock %s)", filepath.Dir(path), path)
+			logf("another process runs a dockerd of this slot; waiting for it (lock %s)", path)
 			said = true
 		}
 		select {
 		case <-ctx.Done():
 			f.Close()
-			return nil, fmt.Errorf("%w: another process of this machine runs the dockerd of %s (lock %s held): %w", ErrBusy, filepath.Dir(path), path, ctx.Err())
+			return nil, fmt.Errorf("%w: another process of this machine runs a dockerd of this slot (lock %s held): %w", ErrBusy, path, ctx.Err())
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
