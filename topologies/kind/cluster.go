@@ -21,6 +21,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -303,9 +304,49 @@ func (c *Cluster) createNetwork(ctx context.Context) error {
 		_, err := c.daemon.Docker(ctx, "network", "create", "--driver", "bridge", "--subnet", p.String(), "--ip-range", half.String(),
 			"--gateway", c.gateway.String(), "--label", Label+"="+c.runID, "-o", "com.docker.network.bridge.enable_ip_masquerade=false",
 			"-o", "com.docker.network.driver.mtu=1500", c.network)
-		return err
+		if err != nil {
+			return err
+		}
+		return c.spareUnreachable(true)
 	}
 	return fmt.Errorf("no free /24 left in %s for a kind network: remove old networks (`dpconform cleanup`)", pool)
+}
+
+// spareHalf is the half of the run's network Docker never allocates: the nodes'
+// spare addresses.
+func (c *Cluster) spareHalf() netip.Prefix {
+	b := c.subnet.Addr().As4()
+	b[3] = 128
+	return netip.PrefixFrom(netip.AddrFrom4(b), 25)
+}
+
+// spareUnreachable adds (or removes) an unreachable route for the spare half at the
+// gateway. A node forwards a packet for an address it does not hold by its default
+// route, the gateway; with no host there, the gateway would drop it after failed
+// ARP, seconds later. As on netns, where a node has no route for it, the sender hears
+// at once that it is unreachable.
+func (c *Cluster) spareUnreachable(add bool) error {
+	h, err := netns.GetFromPath(c.daemon.NetNS())
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	nh, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return err
+	}
+	defer nh.Close()
+	half := c.spareHalf()
+	r := &netlink.Route{Dst: &net.IPNet{IP: half.Addr().AsSlice(), Mask: net.CIDRMask(25, 32)}, Type: unix.RTN_UNREACHABLE}
+	if add {
+		err = nh.RouteAdd(r)
+	} else {
+		err = nh.RouteDel(r)
+	}
+	if err != nil && !(errors.Is(err, unix.ESRCH) && !add) {
+		return fmt.Errorf("unreachable route for %s at the gateway: %w", half, err)
+	}
+	return nil
 }
 
 // probeImage makes an image holding only the probe binary, at its path, and returns
@@ -781,6 +822,9 @@ func (c *Cluster) Close() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		errs = append(errs, removeRun(ctx, c.daemon, c.runID, c.logf))
 		cancel()
+		if c.subnet.IsValid() {
+			errs = append(errs, c.spareUnreachable(false))
+		}
 	}
 	if c.host != nil {
 		errs = append(errs, c.host.restore(c.logf))

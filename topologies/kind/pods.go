@@ -175,12 +175,20 @@ func (t *Topology) waitRunning(ctx context.Context, p *pod, ready bool) error {
 	}
 	p.ip = ip
 	_, p.container, _ = strings.Cut(last.Status.ContainerStatuses[0].ContainerID, "://")
-	pid, err := containerPID(p.container, []byte(t.c.probe+"\x00pause\x00"))
-	if err != nil {
-		return fmt.Errorf("pod %s: %w", p.key(), err)
+	// The runtime says running once it has told runc to start the container, and
+	// runc's init may not have executed the program yet: wait for the program.
+	for {
+		pid, err := containerPID(p.container, []byte(t.c.probe+"\x00pause\x00"))
+		if err == nil {
+			p.pid = pid
+			return nil
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("pod %s: %w", p.key(), err)
+		case <-time.After(20 * time.Millisecond):
+		}
 	}
-	p.pid = pid
-	return nil
 }
 
 func podReady(p *corev1.Pod) bool {
