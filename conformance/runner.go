@@ -368,6 +368,9 @@ func (r *Runner) judge(res *Result, err, controlErr error) {
 	switch {
 	case controlErr != nil:
 		res.Result, res.Reason = Errored, "environment: the control flow (suite to external client, crossing no dataplane) failed, so nothing is charged to the implementation: "+controlErr.Error()
+	case err != nil && errors.Is(err, topologies.ErrUnsupported):
+		// The topology cannot serve what the spec needs: no verdict either way.
+		res.Result, res.Reason = Skipped, err.Error()
 	case err != nil && driver.IsDriverError(err):
 		res.Result, res.Reason = Errored, err.Error()
 	case err != nil && errors.Is(err, ErrEnvironment):
