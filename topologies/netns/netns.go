@@ -6,8 +6,6 @@ package netns
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -131,21 +129,11 @@ func New(ctx context.Context, opts Options) (_ *Topology, err error) {
 	if len(t.cniConf) == 0 {
 		t.cniConf = []byte(DefaultCNIConfig)
 	}
-	var id [3]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		return nil, err
-	}
-	t.runID = RunPrefix + hex.EncodeToString(id[:])[:5]
 	root := opts.RunRoot
 	if root == "" {
 		root = DefaultRunRoot()
 	}
-	t.dir = filepath.Join(root, t.runID)
-	if err := os.MkdirAll(t.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("create run directory: %w", err)
-	}
-	if err := writeOwner(t.dir); err != nil {
-		os.RemoveAll(t.dir)
+	if t.runID, t.dir, err = newRun(root); err != nil {
 		return nil, err
 	}
 	defer func() {

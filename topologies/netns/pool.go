@@ -2,12 +2,9 @@ package netns
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -131,22 +128,13 @@ func (p *ControlPlanes) Close() error {
 // start makes a control plane for the pool: its directory, its address, its
 // processes, and the baseline that its resets go back to.
 func (p *ControlPlanes) start(ctx context.Context, bins controlplane.Binaries) (_ *pooledCP, err error) {
-	var id [3]byte
-	if _, err := rand.Read(id[:]); err != nil {
+	c := &pooledCP{}
+	if c.id, c.dir, err = newRun(p.runRoot); err != nil {
 		return nil, err
 	}
-	c := &pooledCP{id: RunPrefix + hex.EncodeToString(id[:])[:5]}
 	p.mu.Lock()
 	p.started = append(p.started, c.id)
 	p.mu.Unlock()
-	c.dir = filepath.Join(p.runRoot, c.id)
-	if err := os.MkdirAll(c.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("create the control plane's directory: %w", err)
-	}
-	if err := writeOwner(c.dir); err != nil {
-		os.RemoveAll(c.dir)
-		return nil, err
-	}
 	defer func() {
 		if err != nil {
 			err = errors.Join(err, c.stop())
