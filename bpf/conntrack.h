@@ -8,7 +8,8 @@
 
 #include "pkt.h"
 
-/* max_entries is set by the loader (Options.ConntrackSize). */
+/* max_entries is set by the loader (Options.ConntrackSize), and so is the
+ * pin name, which carries the format (datapath.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -17,11 +18,178 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } dpc_conntrack SEC(".maps");
 
+/*
+ * The previous conntrack map, while its entries are migrated into this one
+ * (a resize, or a change of format): slot 0 of the outer map of its format
+ * holds it, and is empty otherwise. The loader puts it there before the
+ * programs are attached, and the agent empties the slot once it has copied
+ * every entry into dpc_conntrack, after the programs are attached. Until
+ * then a lookup that misses dpc_conntrack takes the entry from the previous
+ * map (ct_lookup): what the old programs wrote there up to the moment they
+ * were replaced, on whatever hook, is found by the new ones. Not pinned: the
+ * slots belong to the programs of one load.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LRU_HASH);
+		__uint(max_entries, 1);
+		__type(key, struct ct_key);
+		/* The bytes of struct ct_value_v1: the BTF of a struct
+		 * this deep in a map definition would be a mere
+		 * forward declaration, of no size. */
+		__type(value, __u8[sizeof(struct ct_value_v1)]);
+	});
+} dpc_ct_prev_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LRU_HASH);
+		__uint(max_entries, 1);
+		__type(key, struct ct_key);
+		__type(value, __u8[sizeof(struct ct_value_v2)]);
+	});
+} dpc_ct_prev_v2 SEC(".maps");
+
+/* ct_convert_v1 and ct_convert_v2 fill an entry of this object's format from
+ * one of format 1 or 2, field by field; counters a format lacks start at 0.
+ * bpf.ConvertConntrack is the same conversion, for the agent's copy. */
+static __always_inline void ct_convert_v1(struct ct_value *v, const struct ct_value_v1 *o)
+{
+	v->created_ns = o->created_ns;
+	v->last_seen_ns = o->last_seen_ns;
+	v->flags = o->flags;
+	v->service_id = o->service_id;
+	v->nat_addr = o->nat_addr;
+	v->nat_port = o->nat_port;
+	v->snat_port = o->snat_port;
+}
+
+static __always_inline void ct_convert_v2(struct ct_value *v, const struct ct_value_v2 *o)
+{
+	v->created_ns = o->created_ns;
+	v->last_seen_ns = o->last_seen_ns;
+#if DPC_CT_FORMAT == 2
+	v->packets = o->packets;
+	v->bytes = o->bytes;
+#endif
+	v->flags = o->flags;
+	v->service_id = o->service_id;
+	v->nat_addr = o->nat_addr;
+	v->nat_port = o->nat_port;
+	v->snat_port = o->snat_port;
+}
+
+/* ct_adopt takes the entry of k, which dpc_conntrack lacks, from a previous
+ * map being migrated, converted to this object's format, and returns it as
+ * dpc_conntrack holds it now; NULL if no previous map has it. */
+static __always_inline struct ct_value *ct_adopt(const struct ct_key *k)
+{
+	struct ct_value v = {};
+	const struct ct_value_v1 *o1;
+	const struct ct_value_v2 *o2;
+	__u32 zero = 0;
+	void *prev;
+
+	prev = bpf_map_lookup_elem(&dpc_ct_prev_v1, &zero);
+	if (prev && (o1 = bpf_map_lookup_elem(prev, k))) {
+		ct_convert_v1(&v, o1);
+	} else {
+		prev = bpf_map_lookup_elem(&dpc_ct_prev_v2, &zero);
+		if (!prev || !(o2 = bpf_map_lookup_elem(prev, k)))
+			return NULL;
+		ct_convert_v2(&v, o2);
+	}
+	/* Another CPU may have adopted it (or a new flow taken the tuple)
+	 * meanwhile: what dpc_conntrack holds wins. */
+	bpf_map_update_elem(&dpc_conntrack, k, &v, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&dpc_conntrack, k);
+}
+
+/* ct_lookup returns the conntrack entry of k, from a previous map being
+ * migrated if dpc_conntrack does not have it yet. Every lookup of the
+ * datapath goes through it. */
+static __always_inline struct ct_value *ct_lookup(const struct ct_key *k)
+{
+	struct ct_value *v = bpf_map_lookup_elem(&dpc_conntrack, k);
+
+	return v ? v : ct_adopt(k);
+}
+
+/* ct_delete deletes the entry of k, from a previous map being migrated too,
+ * so that it is not adopted again. */
+static __always_inline void ct_delete(const struct ct_key *k)
+{
+	__u32 zero = 0;
+	void *prev;
+
+	bpf_map_delete_elem(&dpc_conntrack, k);
+	prev = bpf_map_lookup_elem(&dpc_ct_prev_v1, &zero);
+	if (prev)
+		bpf_map_delete_elem(prev, k);
+	prev = bpf_map_lookup_elem(&dpc_ct_prev_v2, &zero);
+	if (prev)
+		bpf_map_delete_elem(prev, k);
+}
+
+/*
+ * The agent's copy of a previous map (Datapath.MigrateConntrack) runs here,
+ * in the kernel, as dpc_ct_migrate: an entry is copied only if dpc_conntrack
+ * lacks its tuple (BPF_NOEXIST), which no batch update of user space can ask
+ * for, and an entry the programs adopted or created since the load is newer
+ * than the previous map's.
+ */
+struct ct_migration {
+	__u64 copied;  /* entries dpc_conntrack lacked, copied */
+	__u64 present; /* entries dpc_conntrack had already */
+	__u64 failed;  /* entries an update refused otherwise */
+};
+
+static __always_inline void ct_migrated(struct ct_migration *m, long err)
+{
+	if (!err)
+		m->copied++;
+	else if (err == -EEXIST)
+		m->present++;
+	else
+		m->failed++;
+}
+
+static long ct_migrate_v1(void *map, const struct ct_key *k, const struct ct_value_v1 *o,
+			  struct ct_migration *m)
+{
+	struct ct_value v = {};
+
+	ct_convert_v1(&v, o);
+	ct_migrated(m, bpf_map_update_elem(&dpc_conntrack, k, &v, BPF_NOEXIST));
+	return 0;
+}
+
+static long ct_migrate_v2(void *map, const struct ct_key *k, const struct ct_value_v2 *o,
+			  struct ct_migration *m)
+{
+	struct ct_value v = {};
+
+	ct_convert_v2(&v, o);
+	ct_migrated(m, bpf_map_update_elem(&dpc_conntrack, k, &v, BPF_NOEXIST));
+	return 0;
+}
+
 /* touch notes a packet on the conntrack entry it matched: when it was seen,
- * and whether it closes (TCP FIN or RST) or restarts (a bare SYN) the flow. */
+ * and whether it closes (TCP FIN or RST) or restarts (a bare SYN) the flow.
+ * Format 2 counts it too. */
 static __always_inline void touch(struct ct_value *ct, const struct pkt *p, __u64 now)
 {
 	ct->last_seen_ns = now;
+#if DPC_CT_FORMAT == 2
+	__sync_fetch_and_add(&ct->packets, 1);
+	__sync_fetch_and_add(&ct->bytes, p->len);
+#endif
 	if (p->tuple.proto != IPPROTO_TCP)
 		return;
 	if (p->tcp_flags & (TH_FIN | TH_RST)) {
@@ -63,7 +231,7 @@ static __always_inline int entry_stale(const struct ct_value *o, __u8 proto, __u
  * gives way to a new SYN on a tuple in TIME_WAIT). */
 static __always_inline void put_plain(const struct ct_key *k, const struct ct_value *v, __u64 now)
 {
-	struct ct_value *o = bpf_map_lookup_elem(&dpc_conntrack, k);
+	struct ct_value *o = ct_lookup(k);
 
 	if (o && !(o->flags & DPC_CT_CLOSING) && !entry_stale(o, k->proto, now))
 		return;

@@ -141,7 +141,7 @@ static __always_inline int ingress_admit(const struct endpoint_value *ep, __u32 
 	if (!(ct->flags & DPC_CT_REPLY)) {
 		/* No NAT: the replies match the flow's reply entry. */
 		reverse(k, &r);
-		rev = bpf_map_lookup_elem(&dpc_conntrack, &r);
+		rev = ct_lookup(&r);
 		if (rev && (rev->flags & DPC_CT_REPLY))
 			rev->flags |= DPC_CT_INGRESS_OK;
 	}
@@ -165,7 +165,7 @@ static __always_inline void ingress_restart(const struct ct_key *k, struct ct_va
 	} else {
 		reverse(k, &r);
 	}
-	rev = bpf_map_lookup_elem(&dpc_conntrack, &r);
+	rev = ct_lookup(&r);
 	if (rev && (rev->flags & DPC_CT_REPLY) && (rev->flags & DPC_CT_INGRESS_OK))
 		rev->flags &= ~DPC_CT_INGRESS_OK;
 }

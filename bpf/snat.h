@@ -56,7 +56,7 @@ static __always_inline __be16 snat_pick(const struct pkt *p, struct ct_key *sk,
 	for (i = 0; i < DPC_SNAT_TRIES; i++) {
 		cand = bpf_htons(DPC_SNAT_PORT_MIN + (h + i) % SNAT_PORTS);
 		sk->dport = cand;
-		o = bpf_map_lookup_elem(&dpc_conntrack, sk);
+		o = ct_lookup(sk);
 		if (!o) {
 			if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_NOEXIST) == 0)
 				return cand; /* free: the first choice */
@@ -86,7 +86,7 @@ static __always_inline __be16 snat_pick(const struct pkt *p, struct ct_key *sk,
 	/* No free port: take over the least recently seen reusable entry,
 	 * unless a packet of its flow came meanwhile. */
 	sk->dport = victim;
-	o = bpf_map_lookup_elem(&dpc_conntrack, sk);
+	o = ct_lookup(sk);
 	if (o && !dpc_fault_snat_port_unchecked && !snat_reusable(o, p->tuple.proto, now))
 		return 0;
 	if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_ANY) < 0)
@@ -128,7 +128,7 @@ static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, struct ct_
 	if (rev->flags & DPC_CT_SNAT) {
 		port = rev->snat_port;
 		sk.dport = port;
-		o = bpf_map_lookup_elem(&dpc_conntrack, &sk);
+		o = ct_lookup(&sk);
 		if (o && snat_owned(o, &sv)) {
 			touch(o, p, now); /* the client's FIN or RST closes it too */
 			return rewrite(skb, p, 0, cfg->host_ip, port);

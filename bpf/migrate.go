@@ -1,0 +1,312 @@
+package bpf
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/vishvananda/netlink"
+)
+
+// A conntrack map is migrated when Open finds one pinned that the programs it
+// loads cannot adopt: another size (a resize), or the other format (an upgrade
+// from refdp v1 to v2, or a downgrade). The order that loses no flow:
+//
+//  1. Open pins a new map for the programs it loads, and puts the previous map
+//     in the slot of its format (dpc_ct_prev_v1 or _v2), where the new
+//     programs find, converted, every entry the new map lacks;
+//  2. the caller attaches the new programs to every hook (AttachHost,
+//     ReattachEndpoints): until a hook's program is replaced, the old program
+//     there goes on writing the previous map, and the new programs read it;
+//  3. MigrateConntrack copies every entry of the previous map that the new map
+//     lacks, converted, then empties the slots and unpins the previous map.
+//
+// Copying before step 2 (the fault ct-copy-before-attach) loses what the old
+// programs write after the copy: once the slot is empty, the new programs
+// cannot see it. Without the slot, the flows whose entries were not copied yet
+// would miss conntrack, and fall through unNATed, while the copy runs.
+
+// previousConntrack is a conntrack map pinned by an earlier run that the
+// programs of this one do not use.
+type previousConntrack struct {
+	m      *ebpf.Map
+	pin    string
+	format ConntrackFormat
+	id     ebpf.MapID
+}
+
+func (p previousConntrack) String() string {
+	return fmt.Sprintf("%s (%s, %d entries)", filepath.Base(p.pin), p.format, p.m.MaxEntries())
+}
+
+// previousConntracks sets aside the conntrack map pinned for format if it does
+// not fit spec (another size), renaming its pin, and returns every conntrack
+// map pinned in pinDir but the one spec will adopt, newest first: the set-aside
+// one, the other format's, and any an interrupted migration left.
+func previousConntracks(pinDir string, spec *ebpf.MapSpec, format ConntrackFormat) ([]previousConntrack, error) {
+	cur := filepath.Join(pinDir, format.PinName())
+	m, err := ebpf.LoadPinnedMap(cur, nil)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return nil, fmt.Errorf("load pinned conntrack %s: %w", cur, err)
+	default:
+		incompatible := spec.Compatible(m)
+		m.Close()
+		if incompatible != nil {
+			aside, err := freePin(pinDir, format.asidePinName())
+			if err != nil {
+				return nil, err
+			}
+			if err := os.Rename(cur, aside); err != nil {
+				return nil, fmt.Errorf("set aside conntrack that does not fit (%v): %w", incompatible, err)
+			}
+		}
+	}
+
+	entries, err := os.ReadDir(pinDir)
+	if err != nil {
+		return nil, fmt.Errorf("list pin directory %s: %w", pinDir, err)
+	}
+	var prev []previousConntrack
+	closeAll := func() {
+		for _, p := range prev {
+			p.m.Close()
+		}
+	}
+	for _, e := range entries {
+		if !strings.HasPrefix(e.Name(), ConntrackMapName) || e.Name() == format.PinName() {
+			continue
+		}
+		p, err := loadPrevious(filepath.Join(pinDir, e.Name()))
+		if err != nil {
+			closeAll()
+			return nil, err
+		}
+		prev = append(prev, p)
+	}
+	slices.SortFunc(prev, func(a, b previousConntrack) int { return int(b.id) - int(a.id) })
+	return prev, nil
+}
+
+// freePin returns the path of the first of name, name2, name3, ... that is not
+// pinned in pinDir.
+func freePin(pinDir, name string) (string, error) {
+	for i := 1; i < 100; i++ {
+		p := filepath.Join(pinDir, name)
+		if i > 1 {
+			p += fmt.Sprint(i)
+		}
+		if _, err := os.Lstat(p); errors.Is(err, os.ErrNotExist) {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("no free pin for a previous conntrack map in %s: remove the old ones (refdp cleanup)", pinDir)
+}
+
+// loadPrevious loads a pinned conntrack map of either format.
+func loadPrevious(pin string) (previousConntrack, error) {
+	m, err := ebpf.LoadPinnedMap(pin, nil)
+	if err != nil {
+		return previousConntrack{}, fmt.Errorf("load previous conntrack %s: %w", pin, err)
+	}
+	format, ferr := conntrackFormatOfSize(int(m.ValueSize()))
+	info, ierr := m.Info()
+	if ferr != nil || ierr != nil || m.Type() != ebpf.LRUHash || m.KeySize() != conntrackKeySize {
+		m.Close()
+		return previousConntrack{}, fmt.Errorf("%s is not a conntrack map of a refdp version (%s, key %d bytes, value %d bytes): remove it (refdp cleanup)",
+			pin, m.Type(), m.KeySize(), m.ValueSize())
+	}
+	id, _ := info.ID()
+	return previousConntrack{m: m, pin: pin, format: format, id: id}, nil
+}
+
+// bindPrevious puts the newest previous map of each format in that format's
+// slot, where the programs look up what the new map lacks.
+func (d *Datapath) bindPrevious() error {
+	for _, f := range ConntrackFormats {
+		i := slices.IndexFunc(d.prevCT, func(p previousConntrack) bool { return p.format == f })
+		if i < 0 {
+			continue
+		}
+		if err := d.prevSlot(f).Put(uint32(0), d.prevCT[i].m); err != nil {
+			return fmt.Errorf("give the programs the previous conntrack %s: %w", d.prevCT[i], err)
+		}
+	}
+	return nil
+}
+
+func (d *Datapath) prevSlot(f ConntrackFormat) *ebpf.Map {
+	if f == ConntrackFormatV1 {
+		return d.objs.DpcCtPrevV1
+	}
+	return d.objs.DpcCtPrevV2
+}
+
+// dropPrevious unpins the previous maps without copying them (the fault
+// no-ct-migration).
+func (d *Datapath) dropPrevious() error {
+	var errs []error
+	for _, p := range d.prevCT {
+		if err := os.Remove(p.pin); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("unpin previous conntrack %s: %w", p.pin, err))
+		}
+	}
+	d.closePrev()
+	return errors.Join(errs...)
+}
+
+func (d *Datapath) closePrev() {
+	for _, p := range d.prevCT {
+		p.m.Close()
+	}
+	d.prevCT = nil
+}
+
+// PreviousConntracks names the conntrack maps pinned by earlier runs that
+// MigrateConntrack has still to copy, newest first, e.g.
+// "dpc_conntrack (v1, 65536 entries)".
+func (d *Datapath) PreviousConntracks() []string {
+	var out []string
+	for _, p := range d.prevCT {
+		out = append(out, p.String())
+	}
+	return out
+}
+
+// ConntrackFormat is the format of the conntrack map the programs use.
+func (d *Datapath) ConntrackFormat() ConntrackFormat { return d.opts.ConntrackFormat }
+
+// Migration is what MigrateConntrack did.
+type Migration struct {
+	// From names the previous maps, newest first (PreviousConntracks).
+	From []string
+	// Copied counts the entries copied into the new map; Present those it
+	// had already: adopted by the programs since Open, or a new flow's.
+	Copied, Present int
+	// Duration is the time the copy took.
+	Duration time.Duration
+}
+
+// MigrateConntrack copies the entries of the previous conntrack maps into the
+// current one, converted to its format (the newest map's entry wins, and an
+// entry the current map has already wins over both), then stops the programs
+// looking in them and unpins them. Call it once every hook runs the programs
+// of this Datapath (AttachHost, ReattachEndpoints): an old program still
+// attached somewhere would go on writing a previous map, and what it writes
+// after the copy would be lost. With no previous map it does nothing.
+func (d *Datapath) MigrateConntrack() (Migration, error) {
+	mig := Migration{From: d.PreviousConntracks()}
+	if len(d.prevCT) == 0 {
+		return mig, nil
+	}
+	start := time.Now()
+	for _, p := range d.prevCT {
+		m, err := d.copyPrevious(p)
+		mig.Copied += int(m.Copied)
+		mig.Present += int(m.Present)
+		if err != nil {
+			return mig, fmt.Errorf("migrate conntrack from %s: %w", p, err)
+		}
+	}
+	mig.Duration = time.Since(start)
+	// Only now: until the last entry is copied, a lookup may still need them.
+	for _, f := range ConntrackFormats {
+		if err := d.prevSlot(f).Delete(uint32(0)); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return mig, fmt.Errorf("migrate conntrack: empty the %s slot: %w", f, err)
+		}
+	}
+	if err := d.dropPrevious(); err != nil {
+		return mig, fmt.Errorf("migrate conntrack: %w", err)
+	}
+	return mig, nil
+}
+
+// ctMigration mirrors struct ct_migration: the counts of a run of
+// dpc_ct_migrate.
+type ctMigration struct {
+	Copied, Present, Failed uint64
+}
+
+// copyPrevious runs dpc_ct_migrate on p: every entry of p whose tuple the
+// current map lacks is copied, converted, in the kernel (conntrack.h). p is
+// put in its format's slot first, where it is already unless an interrupted
+// migration left two maps of one format.
+func (d *Datapath) copyPrevious(p previousConntrack) (ctMigration, error) {
+	var m ctMigration
+	if err := d.prevSlot(p.format).Put(uint32(0), p.m); err != nil {
+		return m, fmt.Errorf("put %s in its slot: %w", p, err)
+	}
+	var in skbCtx
+	binary.NativeEndian.PutUint32(in[skbMarkOff:], uint32(p.format))
+	ret, err := d.objs.DpcCtMigrate.Run(&ebpf.RunOptions{Data: make([]byte, 64), Context: in[:]})
+	if err != nil {
+		return m, fmt.Errorf("run dpc_ct_migrate: %w", err)
+	}
+	if ret != tcActOK {
+		return m, fmt.Errorf("dpc_ct_migrate found no map in the %s slot", p.format)
+	}
+	if err := d.objs.DpcCtMigration.Get(&m); err != nil {
+		return m, fmt.Errorf("read the counts of dpc_ct_migrate: %w", err)
+	}
+	if m.Failed > 0 {
+		return m, fmt.Errorf("%d entries could not be written (%d copied)", m.Failed, m.Copied)
+	}
+	return m, nil
+}
+
+// skbCtx is struct __sk_buff as BPF_PROG_RUN takes it: only mark and ifindex
+// may be set among the fields before cb.
+type skbCtx [192]byte
+
+const (
+	skbMarkOff = 8
+	tcActOK    = 0
+)
+
+// formatted is a ConntrackValue encoded in a given format, for a map of it.
+type formatted struct {
+	v ConntrackValue
+	f ConntrackFormat
+}
+
+func (f formatted) MarshalBinary() ([]byte, error) { return f.v.marshal(f.f) }
+
+// ReattachEndpoints attaches this Datapath's endpoint programs to every
+// endpoint of the endpoint map whose interface still exists, in place of the
+// programs an earlier run attached, and leaves the endpoints' state and policy
+// as they are: the programs of another version (or with another conntrack
+// map) take over the endpoints before the agent knows its workloads. It
+// returns how many it attached.
+func (d *Datapath) ReattachEndpoints() (int, error) {
+	var ifindexes []int
+	if err := d.endpoints.Iterate(func(k uint32, _ EndpointValue) bool {
+		ifindexes = append(ifindexes, int(k))
+		return true
+	}); err != nil {
+		return 0, fmt.Errorf("reattach endpoints: %w", err)
+	}
+	n := 0
+	var errs []error
+	for _, ifindex := range ifindexes {
+		if _, err := netlink.LinkByIndex(ifindex); err != nil {
+			continue // gone with its pod: the agent forgets it
+		}
+		if err := d.attach(ifindex, tcIngress, d.objs.TcEpIngress, "dpc_ep_ingress"); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if err := d.attach(ifindex, tcEgress, d.objs.TcEpEgress, "dpc_ep_egress"); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
