@@ -11,7 +11,12 @@
 //     first; the chains accept nothing the programs have not marked, and their
 //     workload gates drop the traffic of every pod interface that is not a workload
 //     whose programs and policy are attached (those of the previous run still are);
-//  1. attach the host interface's programs (Run, once);
+//  1. attach the host interface's programs, and this run's endpoint programs to
+//     the endpoints the previous run attached, their state and policy as they are;
+//     then, once no program of the previous run is left to write its conntrack
+//     map, copy a previous map (another size or refdp version) into this run's,
+//     converted, and drop it (Run, once; bpf's migrate.go says why this order
+//     loses no flow);
 //
 // then each round, once the view is complete (datastore in sync: services, endpoint
 // slices, all pods, namespaces, network policies and the node's own object; host IPs
@@ -98,6 +103,9 @@ type Config struct {
 	WorkloadInterfacePrefix string
 	// ConntrackSize is the conntrack table's capacity (0: the datapath's default).
 	ConntrackSize uint32
+	// ConntrackFormat is the conntrack format, that is the version of refdp, the
+	// agent runs (0: bpf.DefaultConntrackFormat, v2).
+	ConntrackFormat bpf.ConntrackFormat
 	// Faults are the defects to reintroduce (self-test only).
 	Faults faults.Set
 	// Log receives the agent's log (default: stderr).
@@ -200,10 +208,15 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	var err error
+	if cfg.Faults.Has(faults.NoCTMigration) {
+		a.log.Warn("fault: a previous conntrack map is dropped, not migrated", "fault", faults.NoCTMigration)
+	}
 	a.dp, err = bpf.Open(cfg.PinDir, bpf.Options{
-		ConntrackSize:     cfg.ConntrackSize,
-		UnpinnedConntrack: cfg.Faults.Has(faults.UnpinnedConntrack),
-		SNATPortUnchecked: cfg.Faults.Has(faults.SNATPortUnchecked),
+		ConntrackSize:        cfg.ConntrackSize,
+		ConntrackFormat:      cfg.ConntrackFormat,
+		UnpinnedConntrack:    cfg.Faults.Has(faults.UnpinnedConntrack),
+		NoConntrackMigration: cfg.Faults.Has(faults.NoCTMigration),
+		SNATPortUnchecked:    cfg.Faults.Has(faults.SNATPortUnchecked),
 	})
 	if err != nil {
 		return err
@@ -211,6 +224,15 @@ func Run(ctx context.Context, cfg Config) error {
 	// Close releases file descriptors only: pinned maps and links stay, and with them
 	// the datapath.
 	defer a.dp.Close()
+	a.status.conntrack = a.dp.Conntrack().Name() + " (" + a.dp.ConntrackFormat().String() + ")"
+	if cfg.Faults.Has(faults.CTCopyBeforeAttach) {
+		// Out of order: the previous run's programs still run on every hook, and what
+		// they write from now until this run's programs replace them is lost.
+		a.log.Warn("fault: copying the previous conntrack map before the programs are attached", "fault", faults.CTCopyBeforeAttach)
+		if err := a.migrateConntrack(); err != nil {
+			return err
+		}
+	}
 	if cfg.Faults.Has(faults.SNATPortUnchecked) {
 		a.log.Warn("fault: the datapath's SNAT port pick is defective", "fault", faults.SNATPortUnchecked, "what", faults.Describe(faults.SNATPortUnchecked))
 	}
@@ -312,10 +334,13 @@ func Run(ctx context.Context, cfg Config) error {
 			return err
 		}
 	}
-	if n, err := a.dp.MigrateConntrack(); err != nil {
+	n, err := a.dp.ReattachEndpoints()
+	if err != nil {
 		return err
-	} else if n > 0 {
-		a.log.Info("migrated conntrack entries from the previous map", "entries", n)
+	}
+	a.log.Info("attached this run's programs to the endpoints of the previous run", "endpoints", n)
+	if err := a.migrateConntrack(); err != nil {
+		return err
 	}
 
 	kube, err := a.client()
@@ -331,6 +356,23 @@ func Run(ctx context.Context, cfg Config) error {
 		a.status.write(false, "waiting for the datastore and host IPs")
 	}
 	return a.loop(ctx)
+}
+
+// migrateConntrack copies the previous conntrack maps, if any, into the datapath's
+// and records what it did in the status file.
+func (a *Agent) migrateConntrack() error {
+	mig, err := a.dp.MigrateConntrack()
+	if err != nil {
+		return err
+	}
+	if len(mig.From) == 0 {
+		return nil
+	}
+	a.log.Info("migrated conntrack", "from", mig.From, "to", a.status.conntrack,
+		"copied", mig.Copied, "present", mig.Present, "duration", mig.Duration)
+	a.status.migration = &Migration{From: mig.From, Copied: mig.Copied, Present: mig.Present,
+		DurationMs: float64(mig.Duration.Microseconds()) / 1000}
+	return nil
 }
 
 func (a *Agent) client() (kubernetes.Interface, error) {

@@ -26,6 +26,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/dpconform/dpconform/bpf"
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/driver/skel"
 	"github.com/dpconform/dpconform/internal/proc"
@@ -81,12 +82,50 @@ func info(context.Context) (driver.Info, error) {
 	return driver.Info{
 		Name:     "refdp",
 		Version:  version,
-		Profiles: []string{"Core", "ModeSwitch", "Policy", "Observability"},
+		Profiles: []string{"Core", "ModeSwitch", "Policy", "Upgrade", "Observability"},
 		Features: []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP", "NetworkPolicy", "PolicyVerdicts"},
 		CNI:      json.RawMessage(cniConfig),
 		// refdp has one mode, its default; a start may still name it.
 		Modes: []string{"ebpf"},
+		// Oldest first; the default is the last. They differ in the format of the
+		// conntrack map (refdp run --version).
+		Versions: versions(),
+		Settings: []string{settingCTSize},
 	}, nil
+}
+
+// settingCTSize is the setting `start --set ct-size=N`: the conntrack table's
+// capacity in entries (refdp run --conntrack-size).
+const settingCTSize = "ct-size"
+
+func versions() []string {
+	var out []string
+	for _, f := range bpf.ConntrackFormats {
+		out = append(out, f.String())
+	}
+	return out
+}
+
+// runArgs are the flags of `refdp run` that a start's options ask for.
+func runArgs(opts driver.StartOptions) ([]string, error) {
+	var argv []string
+	if opts.Version != "" {
+		if _, err := bpf.ParseConntrackFormat(opts.Version); err != nil {
+			return nil, skel.Fail("not offered", "--version %s: %w", opts.Version, err)
+		}
+		argv = append(argv, "--version", opts.Version)
+	}
+	for k, v := range opts.Set {
+		if k != settingCTSize {
+			return nil, skel.Fail("not offered", "--set %s: refdp has the setting %s only", k, settingCTSize)
+		}
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil || n == 0 || n > 1<<31 {
+			return nil, skel.Fail("bad setting", "--set %s=%s: want a number of entries from 1 to %d", k, v, 1<<31)
+		}
+		argv = append(argv, "--conntrack-size", strconv.FormatUint(n, 10))
+	}
+	return argv, nil
 }
 
 // env is the node environment of one call, as skel checked it.
@@ -146,12 +185,17 @@ func (e env) agentPID() int {
 	return pid
 }
 
-// start starts refdp on the node, or returns the PID of the one already running. Its
-// one mode is the default, so opts (which skel checked against info) change nothing.
-func start(_ context.Context, n skel.Node, _ driver.StartOptions) (int, error) {
+// start starts refdp on the node, or returns the PID of the one already running, in
+// the version and with the conntrack size opts ask for (skel checked that info
+// offers them). Its one mode is the default, so a mode changes nothing.
+func start(_ context.Context, n skel.Node, opts driver.StartOptions) (int, error) {
 	e := nodeEnv(n)
 	if pid := e.agentPID(); pid != 0 {
 		return pid, nil
+	}
+	variant, err := runArgs(opts)
+	if err != nil {
+		return 0, err
 	}
 	bin, err := agentBinary()
 	if err != nil {
@@ -162,6 +206,7 @@ func start(_ context.Context, n skel.Node, _ driver.StartOptions) (int, error) {
 		return 0, skel.Fail("bad environment", "DPC_REFDP_FAULTS: %w", err)
 	}
 	argv := []string{"run", "--node", e.Name, "--kubeconfig", e.Kubeconfig, "--bpffs", e.bpffs, "--state-dir", e.StateDir}
+	argv = append(argv, variant...)
 	for _, f := range fl.Names() {
 		argv = append(argv, "--fault", f)
 	}
