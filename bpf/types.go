@@ -361,6 +361,9 @@ func (v ConntrackValue) MarshalBinary() ([]byte, error) {
 	return v.marshal(DefaultConntrackFormat)
 }
 
+// MarshalFormat encodes v in format f, e.g. to fill a map of that format.
+func (v ConntrackValue) MarshalFormat(f ConntrackFormat) ([]byte, error) { return v.marshal(f) }
+
 func (v ConntrackValue) marshal(f ConntrackFormat) ([]byte, error) {
 	l, err := f.layout()
 	if err != nil {

@@ -275,6 +275,10 @@ func (e env) collect(dir string) []string {
 	if data, err := os.ReadFile(e.logFile()); err == nil {
 		save("refdp.log", data)
 	}
+	// Ready or not, the conntrack map in use, and what the start migrated.
+	if data, err := os.ReadFile(filepath.Join(e.StateDir, agent.StatusFile)); err == nil {
+		save(agent.StatusFile, data)
+	}
 	bin, _ := agentBinary()
 	for _, c := range []struct {
 		name string
