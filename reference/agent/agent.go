@@ -226,12 +226,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer a.dp.Close()
 	a.status.conntrack = a.dp.Conntrack().Name() + " (" + a.dp.ConntrackFormat().String() + ")"
 	if cfg.Faults.Has(faults.CTCopyBeforeAttach) {
-		// Out of order: the previous run's programs still run on every hook, and what
-		// they write from now until this run's programs replace them is lost.
-		a.log.Warn("fault: copying the previous conntrack map before the programs are attached", "fault", faults.CTCopyBeforeAttach)
-		if err := a.migrateConntrack(); err != nil {
-			return err
-		}
+		a.log.Warn("fault: the previous conntrack map is copied before the programs are attached", "fault", faults.CTCopyBeforeAttach, "order", fmt.Sprint(startOrder(cfg.Faults)))
 	}
 	if cfg.Faults.Has(faults.SNATPortUnchecked) {
 		a.log.Warn("fault: the datapath's SNAT port pick is defective", "fault", faults.SNATPortUnchecked, "what", faults.Describe(faults.SNATPortUnchecked))
@@ -308,39 +303,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := writeSysctl("net/ipv4/conf/"+cfg.HostInterface+"/send_redirects", "0"); err != nil {
 		return err
 	}
-	// The chains first (step 0): the programs drop a fallthrough packet that
-	// iptables has not vouched for, so the rule that vouches must exist before they
-	// are attached, or flows that predate the datapath would stall until the first
-	// round writes it. The gates keep open the workloads a previous run programmed:
-	// their programs and policy are still attached, and a restart must not cut them.
-	// On a node refdp never programmed, the pods predate it and ran unfiltered: the
-	// gates come with the first round, which attaches their programs first.
-	installed, err := iptables.Installed(ctx)
-	if err != nil {
-		return err
-	}
-	prev, err := iptables.Workloads(ctx)
-	if err != nil {
-		return err
-	}
-	if err := a.writeIPTables(ctx, existingLinks(prev), !installed); err != nil {
-		return err
-	}
-	if err := a.dp.AttachHost(a.hostIdx); err != nil {
-		return fmt.Errorf("attach to %s: %w", cfg.HostInterface, err)
-	}
-	if cfg.Faults.Has(faults.OpenWhileRestarting) {
-		if err := a.reattachFromScratch(); err != nil {
+	for _, st := range startOrder(cfg.Faults) {
+		var err error
+		switch st {
+		case startChains:
+			err = a.writeStartChains(ctx)
+		case startAttach:
+			err = a.attachAll()
+		case startMigrate:
+			err = a.migrateConntrack()
+		}
+		if err != nil {
 			return err
 		}
-	}
-	n, err := a.dp.ReattachEndpoints()
-	if err != nil {
-		return err
-	}
-	a.log.Info("attached this run's programs to the endpoints of the previous run", "endpoints", n)
-	if err := a.migrateConntrack(); err != nil {
-		return err
 	}
 
 	kube, err := a.client()
@@ -356,6 +331,72 @@ func Run(ctx context.Context, cfg Config) error {
 		a.status.write(false, "waiting for the datastore and host IPs")
 	}
 	return a.loop(ctx)
+}
+
+// startStep is one of the steps the agent runs once, at start, before its rounds
+// (steps 0 and 1 of the package comment).
+type startStep int
+
+const (
+	startChains  startStep = iota // 0: refdp's chains, with the previous run's workloads
+	startAttach                   // 1: the host programs, then this run's on the previous run's endpoints
+	startMigrate                  // 1: the previous conntrack map copied into this run's, and dropped
+)
+
+var startStepNames = [...]string{"write-chains", "attach", "migrate-conntrack"}
+
+func (s startStep) String() string { return startStepNames[s] }
+
+// startOrder returns the order of the start steps: the package comment's, or with
+// the migration first (ct-copy-before-attach), where the previous run's programs
+// still run on every hook and go on writing the previous map until the attach: what
+// they write after the copy is lost.
+func startOrder(f faults.Set) []startStep {
+	if f.Has(faults.CTCopyBeforeAttach) {
+		return []startStep{startMigrate, startChains, startAttach}
+	}
+	return []startStep{startChains, startAttach, startMigrate}
+}
+
+// writeStartChains writes refdp's chains at start (step 0). They come before the
+// programs: the programs drop a fallthrough packet that iptables has not vouched
+// for, so the rule that vouches must exist before they are attached, or flows that
+// predate the datapath would stall until the first round writes it. The gates keep
+// open the workloads a previous run programmed: their programs and policy are still
+// attached, and a restart must not cut them. On a node refdp never programmed, the
+// pods predate it and ran unfiltered: the gates come with the first round, which
+// attaches their programs first.
+func (a *Agent) writeStartChains(ctx context.Context) error {
+	installed, err := iptables.Installed(ctx)
+	if err != nil {
+		return err
+	}
+	prev, err := iptables.Workloads(ctx)
+	if err != nil {
+		return err
+	}
+	return a.writeIPTables(ctx, existingLinks(prev), !installed)
+}
+
+// attachAll attaches this run's programs to every hook (step 1): the host
+// interface, then the endpoints the previous run attached, their state and policy
+// as they are, so that no program of the previous run is left to write a
+// previous conntrack map before it is migrated.
+func (a *Agent) attachAll() error {
+	if err := a.dp.AttachHost(a.hostIdx); err != nil {
+		return fmt.Errorf("attach to %s: %w", a.cfg.HostInterface, err)
+	}
+	if a.cfg.Faults.Has(faults.OpenWhileRestarting) {
+		if err := a.reattachFromScratch(); err != nil {
+			return err
+		}
+	}
+	n, err := a.dp.ReattachEndpoints()
+	if err != nil {
+		return err
+	}
+	a.log.Info("attached this run's programs to the endpoints of the previous run", "endpoints", n)
+	return nil
 }
 
 // migrateConntrack copies the previous conntrack maps, if any, into the datapath's
