@@ -62,6 +62,13 @@ func UpgradeAgent(n topologies.Node, crash bool) Step {
 	}}
 }
 
+// ReleaseHeld tells the traffic's connect probes with Hold to hold no more of the
+// connections they open (harness.World.ReleaseHeld), recording holds-released:
+// what was opened up to now is held to the end and checked then.
+func ReleaseHeld() Step {
+	return Step{"stop holding new connections", func(_ context.Context, e *Env) error { return e.World.ReleaseHeld() }}
+}
+
 // Stop stops the agent on n gracefully and returns once it has exited.
 func Stop(n topologies.Node) Step {
 	return Step{"stop the agent on " + n.Name(), func(ctx context.Context, e *Env) error { return e.World.Stop(ctx, n) }}

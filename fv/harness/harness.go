@@ -533,6 +533,25 @@ func (w *World) StopProbes(ctx context.Context) error {
 	return err
 }
 
+// HoldsReleased is the transition event of ReleaseHeld.
+const HoldsReleased = "holds-released"
+
+// ReleaseHeld tells every connect probe with Hold to hold no more of the
+// connections it opens (probe.Process.Release), recording holds-released: the
+// connections of a transition are held, those of the settle time after it are not
+// (each holds a socket on both ends, and a SNAT port on a NodePort path).
+func (w *World) ReleaseHeld() error {
+	w.mu.Lock()
+	ps := slices.Clone(w.probes)
+	w.mu.Unlock()
+	var errs []error
+	for _, p := range ps {
+		errs = append(errs, p.Release())
+	}
+	w.Timeline.Record(HoldsReleased, "")
+	return errors.Join(errs...)
+}
+
 // StopProbe stops one client or reach probe gracefully, within ProbeStopTimeout, and
 // retires it.
 func (w *World) StopProbe(ctx context.Context, p *probe.Process) error {

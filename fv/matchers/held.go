@@ -5,13 +5,15 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
 )
 
 // HaveAllHeldAlive succeeds when every connection that a connect probe with Hold
 // opened inside the window, and that was answered, still answered when the probe
-// stopped: no flow opened before or during a transition was lost by it (its state,
+// stopped (those opened after the probe was told to release, Process.Release, are
+// not held, and not judged): no flow opened before or during a transition was lost by it (its state,
 // a conntrack entry, dropped), however long after the transition the loss shows.
 // An attempt that failed is HaveNoFailedAttempts' business, not this matcher's.
 // Options: Probes, Context.
@@ -35,6 +37,7 @@ func evalHeld(w timeline.Window, o options) (outcome, error) {
 	}
 	held := map[id]probe.Event{}
 	done := map[string]bool{}
+	released := map[string]monotime.Time{}
 	for _, e := range w.Events {
 		switch {
 		case !o.selected(e.Probe):
@@ -42,6 +45,8 @@ func evalHeld(w timeline.Window, o options) (outcome, error) {
 			held[id{e.Probe, e.Seq}] = e
 		case e.Kind == probe.KindDone:
 			done[e.Probe] = true
+		case e.Kind == probe.KindReleased:
+			released[e.Probe] = e.Time
 		}
 	}
 	for _, p := range probes {
@@ -56,11 +61,14 @@ func evalHeld(w timeline.Window, o options) (outcome, error) {
 		if e.Kind != probe.KindAttempt || !o.selected(e.Probe) || e.Outcome != probe.OK {
 			continue
 		}
-		answered++
 		h, ok := held[id{e.Probe, e.Seq}]
+		if rt, r := released[e.Probe]; !ok && r && e.Time >= rt {
+			continue // opened once the probe held no more
+		}
 		if !ok {
 			return outcome{}, fmt.Errorf("probe %s reported no held connection for its answered attempt #%d: start it with Hold", e.Probe, e.Seq)
 		}
+		answered++
 		if h.Outcome.Failed() {
 			lost = append(lost, h)
 			count[AttemptKind(h, nil)]++

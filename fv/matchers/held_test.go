@@ -13,12 +13,21 @@ import (
 // stopped (stopped), the check of each answered one at 6 s: lost(ms) says how
 // the connection opened at ms fared, none when nothing is reported for it.
 func held(tl *timeline.Timeline, lost func(ms float64) probe.Outcome, stopped bool) {
+	heldUntil(tl, lost, stopped, 6000)
+}
+
+// heldUntil is held for a probe told to release at releaseMs: it holds only the
+// connections opened before.
+func heldUntil(tl *timeline.Timeline, lost func(ms float64) probe.Outcome, stopped bool, releaseMs float64) {
 	connects(tl, "ext", nil)
+	if releaseMs < 6000 {
+		tl.Add(probe.Event{Time: at(releaseMs), Kind: probe.KindReleased, Probe: "ext"})
+	}
 	if !stopped {
 		return
 	}
 	seq := uint64(0)
-	for ms := 500.0; ms < 6000; ms += 2 {
+	for ms := 500.0; ms < releaseMs; ms += 2 {
 		seq++
 		o := probe.OK
 		if lost != nil {
@@ -77,6 +86,12 @@ func TestHaveAllHeldAlive(t *testing.T) {
 		},
 		matcher: func() matchers.Matcher { return matchers.HaveAllHeldAlive() },
 		pass:    true, verdict: matchers.Pass, figure: "held_lost", figureVal: 0,
+	}, {
+		name:    "judges the connections opened before the release, and leaves those after it alone",
+		build:   func(tl *timeline.Timeline) { heldUntil(tl, inTheWindow(probe.Reset), true, 2600) },
+		matcher: func() matchers.Matcher { return matchers.HaveAllHeldAlive() },
+		verdict: matchers.Violation, kind: matchers.KindReset, figure: "held_lost", figureVal: 5,
+		contains: []string{"lost 5 of 800 connections held"},
 	}, {
 		name:     "is blind without the probe's stop",
 		build:    func(tl *timeline.Timeline) { held(tl, nil, false) },

@@ -95,8 +95,9 @@ type Connect struct {
 	// Hold keeps every connection whose attempt succeeded open, silent, until the
 	// probe stops; then it sends a second request on each and waits for the answer
 	// (within Timeout), and reports a KindHeld event per connection: did the flow
-	// survive whatever happened while it was held? Without Hold the server closes
-	// each connection after its reply.
+	// survive whatever happened while it was held? Without Hold (and once the probe
+	// is told to release, Process.Release) the server closes each connection after
+	// its reply.
 	Hold bool
 	// Report is the period of watermarks; default DefaultReport.
 	Report time.Duration

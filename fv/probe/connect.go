@@ -23,7 +23,17 @@ type connector struct {
 	mu       sync.Mutex
 	inflight map[uint64]monotime.Time
 	held     []heldConn // with Hold: the answered connections, still open
+	released atomic.Bool
 	made     atomic.Int64
+}
+
+// release stops holding the connections opened from now on, and says so.
+func (c *connector) release() {
+	if !c.cfg.Hold || c.released.Load() {
+		return
+	}
+	c.em.emit(Event{Time: monotime.Now(), Kind: KindReleased, Target: c.cfg.Target})
+	c.released.Store(true)
 }
 
 // heldConn is the open connection of an answered attempt (Connect.Hold).
@@ -61,6 +71,9 @@ func (c *connector) run(ctx context.Context) (int, error) {
 		if !sched.wait(ctx) {
 			break
 		}
+		// Whether to hold it is read before its start is stamped: an attempt that
+		// started after the release's stamp may be held, never one before it unheld.
+		hold := c.cfg.Hold && !c.released.Load()
 		t0 := monotime.Now()
 		select {
 		case slots <- struct{}{}:
@@ -75,7 +88,7 @@ func (c *connector) run(ctx context.Context) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ev := c.attempt(seq, t0)
+			ev := c.attempt(seq, t0, hold)
 			c.made.Add(1)
 			c.em.emit(ev)
 			c.mu.Lock()
@@ -91,11 +104,11 @@ func (c *connector) run(ctx context.Context) (int, error) {
 	return int(c.made.Load()), nil
 }
 
-// attempt makes one connection and reports it; with Hold, an answered one is kept.
-func (c *connector) attempt(seq uint64, t0 monotime.Time) Event {
+// attempt makes one connection and reports it; with hold, an answered one is kept.
+func (c *connector) attempt(seq uint64, t0 monotime.Time, hold bool) Event {
 	ev := Event{Time: t0, Kind: KindAttempt, Seq: seq, Target: c.cfg.Target}
 	req := request{kind: reqConnect, from: c.cfg.Name, seq: seq, sent: t0, label: c.cfg.Label}
-	if !c.cfg.Hold {
+	if !hold {
 		exchangeTCP(&ev, c.cfg.Target, req, c.cfg.Timeout)
 		return ev
 	}

@@ -30,6 +30,10 @@ const (
 	// checked only when the probe stops, after its last watermark: judge KindHeld
 	// events on a window taken once the probe has stopped.
 	KindHeld Kind = "held"
+	// KindReleased (connect, with Hold): from Time on, the probe holds none of the
+	// connections it opens (it was told to release them); those opened before are
+	// held and checked when it stops.
+	KindReleased Kind = "released"
 	// KindOpen (stream): stream Stream was dialled at Time; Outcome ok or the dial's
 	// failure, Latency the handshake.
 	KindOpen Kind = "open"

@@ -160,6 +160,9 @@ var _ = Describe("the probes on a real path", Label("privileged"), func() {
 		time.Sleep(300 * time.Millisecond)
 		from := monotime.Now()
 		time.Sleep(200 * time.Millisecond)
+		// Released: what it opens from now on, it does not hold.
+		Expect(kept.Release()).To(Succeed())
+		time.Sleep(100 * time.Millisecond)
 		to := monotime.Now()
 		stop(ctx, kept)
 		// The server's stack now answers every segment of an established
@@ -177,6 +180,16 @@ var _ = Describe("the probes on a real path", Label("privileged"), func() {
 		Expect(w).To(alive)
 		report(alive)
 		Expect(alive.Result().Figures[0].Of).To(BeNumerically(">=", 15), "connections held")
+		var heldN, attempts int
+		for _, e := range kept.Events() {
+			switch {
+			case e.Kind == probe.KindHeld:
+				heldN++
+			case e.Kind == probe.KindAttempt && e.Outcome == probe.OK:
+				attempts++
+			}
+		}
+		Expect(heldN).To(BeNumerically("<=", attempts-5), "the connections opened after the release are not held")
 		dead := matchers.HaveAllHeldAlive(matchers.Probes("lost"))
 		Expect(w).NotTo(dead)
 		report(dead)
