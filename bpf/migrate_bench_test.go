@@ -42,7 +42,7 @@ func BenchmarkMigrateConntrack(b *testing.B) {
 
 // fillConntrack writes n distinct entries (flows of 10.0.0.0/8 clients to one
 // service) into m, in batches.
-func fillConntrack(b *testing.B, m *ebpf.Map, f ConntrackFormat, n int) {
+func fillConntrack(b testing.TB, m *ebpf.Map, f ConntrackFormat, n int) {
 	const chunk = 8192
 	v, err := (ConntrackValue{Flags: ConntrackDNAT, ServiceID: 1, NATAddr: ip("10.244.1.10"), NATPort: 8080}).marshal(f)
 	must(b, err)

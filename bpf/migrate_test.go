@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -375,4 +377,75 @@ func conntrackPins(t *testing.T, dir string) []string {
 		}
 	}
 	return out
+}
+
+// Dump reads what is pinned, conntrack maps of either format included, and
+// changes nothing: a map of another size than Open's default stays where it is.
+func TestDumpReadsWithoutChanging(t *testing.T) {
+	requireBPF(t)
+	dir := bpffs(t)
+	old := nodeWithFlows(t, dir, Options{ConntrackFormat: ConntrackFormatV1, ConntrackSize: 1024})
+	must(t, old.Close())
+	d := open(t, dir, Options{ConntrackSize: 2048}) // v2, the v1 map still to migrate
+	r, _ := runPacket(t, d.objs.TcEpIngress, tcp(clientPod2, clusterIP, tcpSYN))
+	if r.Ret != tcActOK {
+		t.Fatalf("SYN: %d", r.Ret)
+	}
+	must(t, d.Close())
+	before := conntrackPins(t, dir)
+
+	out, err := Dump(dir)
+	must(t, err)
+	v1, v2 := out[ConntrackFormatV1.PinName()], out[ConntrackFormatV2.PinName()]
+	if len(v1) != 5 || len(v2) != 2 {
+		t.Errorf("dumped %d v1 and %d v2 conntrack entries, want 5 (two flows, one SNATed) and 2:\n%v", len(v1), len(v2), out)
+	}
+	if got := v2[ctKey(clientPod2, clusterIP, TCP).String()]; !strings.Contains(got, "Flags:2") || !strings.Contains(got, "NATAddr:10.244.1.10") {
+		t.Errorf("v2 entry rendered %q", got)
+	}
+	if len(out[FrontendsMapName]) != 2 || len(out[EndpointsMapName]) != 1 {
+		t.Errorf("frontends %v, endpoints %v", out[FrontendsMapName], out[EndpointsMapName])
+	}
+	if after := conntrackPins(t, dir); !slices.Equal(before, after) {
+		t.Errorf("Dump changed the pins: %v, then %v", before, after)
+	}
+	if _, err := Dump(t.TempDir()); err == nil {
+		t.Error("Dump of a directory outside bpffs succeeded")
+	}
+}
+
+// New flows open while the copy runs in the kernel (on another CPU, with the
+// previous map still in the programs' slot): none is dropped.
+func TestMigrationUnderNewFlows(t *testing.T) {
+	requireBPF(t)
+	dir := bpffs(t)
+	old := open(t, dir, Options{ConntrackFormat: ConntrackFormatV1, ConntrackSize: 1 << 19})
+	fillConntrack(t, old.Conntrack().Raw(), ConntrackFormatV1, 200_000)
+	must(t, old.Close())
+	// The old programs are gone: what they wrote is all in the previous map.
+	d := nodeWithFlows(t, dir, Options{ConntrackFormat: ConntrackFormatV2, ConntrackSize: 1 << 19})
+	var stop atomic.Bool
+	var ok, dropped atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := 0; !stop.Load(); i++ {
+			p := tcp(fmt.Sprintf("10.244.0.5:%d", 1024+i%60000), clusterIP, tcpSYN)
+			if r := run(t, d.objs.TcEpIngress, p.Bytes(), 0); r.Ret == tcActOK && r.Mark == MarkSeen {
+				ok.Add(1)
+			} else {
+				dropped.Add(1)
+			}
+		}
+	})
+	mig, err := d.MigrateConntrack()
+	stop.Store(true)
+	wg.Wait()
+	must(t, err)
+	t.Logf("copied %d entries in %s while %d SYNs went through", mig.Copied, mig.Duration, ok.Load())
+	if dropped.Load() > 0 || ok.Load() == 0 {
+		t.Errorf("%d of %d SYNs not DNATed during the copy", dropped.Load(), dropped.Load()+ok.Load())
+	}
+	if mig.Copied+mig.Present != 200_000 {
+		t.Errorf("migration %+v, want the 200,000 entries", mig)
+	}
 }
