@@ -285,7 +285,7 @@ func (e env) collect(dir string) []string {
 		argv []string
 	}{
 		{"maps.json", []string{bin, "dump", "--bpffs", e.bpffs}},
-		{"iptables.txt", []string{"iptables-save"}},
+		{"iptables.txt", []string{"iptables-save", "-c"}}, // with counters: which rule dropped what
 		{"addresses.txt", []string{"ip", "addr"}},
 		{"routes.txt", []string{"ip", "route"}},
 		{"tc.txt", []string{"bpftool", "net"}},
