@@ -111,6 +111,61 @@ static __always_inline struct ct_value *ct_adopt(const struct ct_key *k)
 	return bpf_map_lookup_elem(&dpc_conntrack, k);
 }
 
+/* ct_to_v1 and ct_to_v2 write an entry of this object's format in format 1
+ * or 2, for a previous map (ct_mirror). */
+static __always_inline void ct_to_v1(struct ct_value_v1 *o, const struct ct_value *v)
+{
+	o->created_ns = v->created_ns;
+	o->last_seen_ns = v->last_seen_ns;
+	o->flags = v->flags;
+	o->service_id = v->service_id;
+	o->nat_addr = v->nat_addr;
+	o->nat_port = v->nat_port;
+	o->snat_port = v->snat_port;
+}
+
+static __always_inline void ct_to_v2(struct ct_value_v2 *o, const struct ct_value *v)
+{
+	o->created_ns = v->created_ns;
+	o->last_seen_ns = v->last_seen_ns;
+#if DPC_CT_FORMAT == 2
+	o->packets = v->packets;
+	o->bytes = v->bytes;
+#endif
+	o->flags = v->flags;
+	o->service_id = v->service_id;
+	o->nat_addr = v->nat_addr;
+	o->nat_port = v->nat_port;
+	o->snat_port = v->snat_port;
+}
+
+/* ct_mirror writes the entry v of k, as a program of this load has just
+ * created or changed it in dpc_conntrack, into the previous map too while
+ * one is in its slot, in that map's format. The previous run's programs may
+ * still run on the hooks not replaced yet, and look only there: a flow one
+ * hook's new program opens (its NAT, its SNAT port, its admission by policy)
+ * must be what the next hook's old program finds, or a SYN-ACK leaves
+ * unNATed. Only creations and the changes another hook reads are mirrored;
+ * when each packet was last seen, and whether the flow is closing, are not. */
+static __always_inline void ct_mirror(const struct ct_key *k, const struct ct_value *v)
+{
+	struct ct_value_v1 o1 = {};
+	struct ct_value_v2 o2 = {};
+	__u32 zero = 0;
+	void *prev;
+
+	prev = bpf_map_lookup_elem(&dpc_ct_prev_v1, &zero);
+	if (prev) {
+		ct_to_v1(&o1, v);
+		bpf_map_update_elem(prev, k, &o1, BPF_ANY);
+	}
+	prev = bpf_map_lookup_elem(&dpc_ct_prev_v2, &zero);
+	if (prev) {
+		ct_to_v2(&o2, v);
+		bpf_map_update_elem(prev, k, &o2, BPF_ANY);
+	}
+}
+
 /* ct_lookup returns the conntrack entry of k, from a previous map being
  * migrated if dpc_conntrack does not have it yet. Every lookup of the
  * datapath goes through it. */
@@ -235,7 +290,8 @@ static __always_inline void put_plain(const struct ct_key *k, const struct ct_va
 
 	if (o && !(o->flags & DPC_CT_CLOSING) && !entry_stale(o, k->proto, now))
 		return;
-	bpf_map_update_elem(&dpc_conntrack, k, v, BPF_ANY);
+	if (bpf_map_update_elem(&dpc_conntrack, k, v, BPF_ANY) == 0)
+		ct_mirror(k, v);
 }
 
 /* track_plain records a flow that needs no NAT, in both directions. */

@@ -293,7 +293,7 @@ static __always_inline int to_iface(struct __sk_buff *skb, const struct endpoint
 	touch(ct, &p, now);
 	if (host && (ct->flags & (DPC_CT_DNAT | DPC_CT_HOST_INGRESS)) ==
 			    (DPC_CT_DNAT | DPC_CT_HOST_INGRESS) &&
-	    snat(skb, &p, ct, now) < 0)
+	    snat(skb, &p, &r, ct, now) < 0)
 		return TC_ACT_SHOT;
 	set_mark(skb, DPC_MARK_SEEN);
 	return TC_ACT_OK;

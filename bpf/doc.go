@@ -171,8 +171,11 @@
 // of another size, set aside as <name>_old, or the other format's) is a
 // previous map: the newest of each format goes into a slot of the programs
 // (dpc_ct_prev_v1, dpc_ct_prev_v2, arrays of one map), where every lookup
-// that misses the new map finds it, and adopts the entry, converted. Once
-// the new programs run on every hook (AttachHost, ReattachEndpoints),
+// that misses the new map finds it, and adopts the entry, converted; and
+// what the programs create or change that another hook reads (NAT, SNAT
+// port, admission) they write there too, in its format, for the old
+// programs still attached on other hooks. Once the new programs run on
+// every hook (AttachHost, ReattachEndpoints),
 // MigrateConntrack copies what the new map still lacks, in the kernel
 // (dpc_ct_migrate: bpf_for_each_map_elem, BPF_NOEXIST per entry, so what the
 // programs adopted or created since wins), then empties the slots and unpins

@@ -58,8 +58,10 @@ static __always_inline __be16 snat_pick(const struct pkt *p, struct ct_key *sk,
 		sk->dport = cand;
 		o = ct_lookup(sk);
 		if (!o) {
-			if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_NOEXIST) == 0)
+			if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_NOEXIST) == 0) {
+				ct_mirror(sk, sv);
 				return cand; /* free: the first choice */
+			}
 			o = bpf_map_lookup_elem(&dpc_conntrack, sk); /* just taken */
 			if (!o)
 				continue;
@@ -91,17 +93,18 @@ static __always_inline __be16 snat_pick(const struct pkt *p, struct ct_key *sk,
 		return 0;
 	if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_ANY) < 0)
 		return 0;
+	ct_mirror(sk, sv);
 	return victim;
 }
 
 /* snat gives a NodePort flow that leaves the host interface towards a remote
  * backend the host IP as source, with a port from the SNAT range, so that
  * the backend's replies come back through this node. rev is the flow's reply
- * entry; the flow's SNAT reply entry (keyed by the backend -> host IP:port
- * tuple) is refreshed by the client's packets here, and by the backend's at
- * host ingress. */
-static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, struct ct_value *rev,
-				__u64 now)
+ * entry (keyed rk); the flow's SNAT reply entry (keyed by the backend -> host
+ * IP:port tuple) is refreshed by the client's packets here, and by the
+ * backend's at host ingress. */
+static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, const struct ct_key *rk,
+				struct ct_value *rev, __u64 now)
 {
 	__u32 zero = 0;
 	struct config_value *cfg = bpf_map_lookup_elem(&dpc_config, &zero);
@@ -134,8 +137,10 @@ static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, struct ct_
 			return rewrite(skb, p, 0, cfg->host_ip, port);
 		}
 		/* Evicted by the LRU: take the port again if it is still free. */
-		if (!o && bpf_map_update_elem(&dpc_conntrack, &sk, &sv, BPF_NOEXIST) == 0)
+		if (!o && bpf_map_update_elem(&dpc_conntrack, &sk, &sv, BPF_NOEXIST) == 0) {
+			ct_mirror(&sk, &sv);
 			return rewrite(skb, p, 0, cfg->host_ip, port);
+		}
 		/* The port went to another flow (this one was closing or idle).
 		 * A late packet of this flow must not reach the backend on the
 		 * other flow's tuple: drop it. A new SYN on this tuple starts a
@@ -146,10 +151,13 @@ static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, struct ct_
 	}
 
 	port = snat_pick(p, &sk, &sv, now);
-	if (!port)
+	if (!port) {
+		ct_mirror(rk, rev);
 		return -1;
+	}
 	rev->snat_port = port;
 	rev->flags |= DPC_CT_SNAT;
+	ct_mirror(rk, rev);
 	return rewrite(skb, p, 0, cfg->host_ip, port);
 }
 
