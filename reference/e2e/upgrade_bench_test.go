@@ -89,6 +89,8 @@ func upgradeOnce(b *testing.B, drv driver.Driver) (copyMs, readyMs, rssMB float6
 	if err != nil {
 		b.Fatal(err)
 	}
+	// The traffic's timeline: its window is the upgrade's alone.
+	w.Timeline = timeline.New()
 	for _, fl := range append(f.DirectFlows(), f.ServiceFlows(topo)...) {
 		if _, err := w.StartProbe(ctx, fl.From, probe.Stream{Name: "stream-" + fl.Name, Target: fl.Target, Streams: 2}); err != nil {
 			b.Fatal(err)
