@@ -351,26 +351,19 @@ int tc_ep_egress(struct __sk_buff *skb)
 struct ct_migration dpc_ct_migration;
 
 /* dpc_ct_migrate is not attached anywhere: the agent runs it (BPF_PROG_RUN,
- * on a dummy packet) to copy the previous map in the slot of format
- * skb->mark (1 or 2) into dpc_conntrack, converted, entry by entry, keeping
- * what dpc_conntrack has already. Call it once the programs of this load are
- * attached to every hook (conntrack.h). */
+ * on a dummy packet) to copy the skb->mark entries it staged in
+ * dpc_ct_staging, of format skb->priority (1 or 2), into dpc_conntrack,
+ * converted, keeping what dpc_conntrack has already (conntrack.h). Call it
+ * once the programs of this load are attached to every hook. */
 SEC("tc")
 int dpc_ct_migrate(struct __sk_buff *skb)
 {
-	struct ct_migration m = {};
-	__u32 zero = 0;
-	void *prev = NULL;
+	struct ct_copy c = { .format = skb->priority };
+	__u32 n = skb->mark;
 
-	if (skb->mark == 1) {
-		prev = bpf_map_lookup_elem(&dpc_ct_prev_v1, &zero);
-		if (prev)
-			bpf_for_each_map_elem(prev, ct_migrate_v1, &m, 0);
-	} else if (skb->mark == 2) {
-		prev = bpf_map_lookup_elem(&dpc_ct_prev_v2, &zero);
-		if (prev)
-			bpf_for_each_map_elem(prev, ct_migrate_v2, &m, 0);
-	}
-	dpc_ct_migration = m;
-	return prev ? TC_ACT_OK : TC_ACT_SHOT;
+	if (n > DPC_CT_MIGRATE_CHUNK || (c.format != 1 && c.format != 2))
+		return TC_ACT_SHOT;
+	bpf_loop(n, ct_copy_one, &c, 0);
+	dpc_ct_migration = c.m;
+	return TC_ACT_OK;
 }

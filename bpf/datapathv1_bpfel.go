@@ -21,6 +21,7 @@ const (
 	datapathV1MapDpcConntrack              = "dpc_conntrack"
 	datapathV1MapDpcCtPrevV1               = "dpc_ct_prev_v1"
 	datapathV1MapDpcCtPrevV2               = "dpc_ct_prev_v2"
+	datapathV1MapDpcCtStaging              = "dpc_ct_staging"
 	datapathV1MapDpcEndpoints              = "dpc_endpoints"
 	datapathV1MapDpcFrontends              = "dpc_frontends"
 	datapathV1MapDpcIpsets                 = "dpc_ipsets"
@@ -94,6 +95,7 @@ type datapathV1MapSpecs struct {
 	DpcConntrack    *ebpf.MapSpec `ebpf:"dpc_conntrack"`
 	DpcCtPrevV1     *ebpf.MapSpec `ebpf:"dpc_ct_prev_v1"`
 	DpcCtPrevV2     *ebpf.MapSpec `ebpf:"dpc_ct_prev_v2"`
+	DpcCtStaging    *ebpf.MapSpec `ebpf:"dpc_ct_staging"`
 	DpcEndpoints    *ebpf.MapSpec `ebpf:"dpc_endpoints"`
 	DpcFrontends    *ebpf.MapSpec `ebpf:"dpc_frontends"`
 	DpcIpsets       *ebpf.MapSpec `ebpf:"dpc_ipsets"`
@@ -135,6 +137,7 @@ type datapathV1Maps struct {
 	DpcConntrack    *ebpf.Map `ebpf:"dpc_conntrack"`
 	DpcCtPrevV1     *ebpf.Map `ebpf:"dpc_ct_prev_v1"`
 	DpcCtPrevV2     *ebpf.Map `ebpf:"dpc_ct_prev_v2"`
+	DpcCtStaging    *ebpf.Map `ebpf:"dpc_ct_staging"`
 	DpcEndpoints    *ebpf.Map `ebpf:"dpc_endpoints"`
 	DpcFrontends    *ebpf.Map `ebpf:"dpc_frontends"`
 	DpcIpsets       *ebpf.Map `ebpf:"dpc_ipsets"`
@@ -150,6 +153,7 @@ func (m *datapathV1Maps) Close() error {
 		m.DpcConntrack,
 		m.DpcCtPrevV1,
 		m.DpcCtPrevV2,
+		m.DpcCtStaging,
 		m.DpcEndpoints,
 		m.DpcFrontends,
 		m.DpcIpsets,

@@ -21,6 +21,7 @@ const (
 	datapathV2MapDpcConntrack              = "dpc_conntrack"
 	datapathV2MapDpcCtPrevV1               = "dpc_ct_prev_v1"
 	datapathV2MapDpcCtPrevV2               = "dpc_ct_prev_v2"
+	datapathV2MapDpcCtStaging              = "dpc_ct_staging"
 	datapathV2MapDpcEndpoints              = "dpc_endpoints"
 	datapathV2MapDpcFrontends              = "dpc_frontends"
 	datapathV2MapDpcIpsets                 = "dpc_ipsets"
@@ -94,6 +95,7 @@ type datapathV2MapSpecs struct {
 	DpcConntrack    *ebpf.MapSpec `ebpf:"dpc_conntrack"`
 	DpcCtPrevV1     *ebpf.MapSpec `ebpf:"dpc_ct_prev_v1"`
 	DpcCtPrevV2     *ebpf.MapSpec `ebpf:"dpc_ct_prev_v2"`
+	DpcCtStaging    *ebpf.MapSpec `ebpf:"dpc_ct_staging"`
 	DpcEndpoints    *ebpf.MapSpec `ebpf:"dpc_endpoints"`
 	DpcFrontends    *ebpf.MapSpec `ebpf:"dpc_frontends"`
 	DpcIpsets       *ebpf.MapSpec `ebpf:"dpc_ipsets"`
@@ -135,6 +137,7 @@ type datapathV2Maps struct {
 	DpcConntrack    *ebpf.Map `ebpf:"dpc_conntrack"`
 	DpcCtPrevV1     *ebpf.Map `ebpf:"dpc_ct_prev_v1"`
 	DpcCtPrevV2     *ebpf.Map `ebpf:"dpc_ct_prev_v2"`
+	DpcCtStaging    *ebpf.Map `ebpf:"dpc_ct_staging"`
 	DpcEndpoints    *ebpf.Map `ebpf:"dpc_endpoints"`
 	DpcFrontends    *ebpf.Map `ebpf:"dpc_frontends"`
 	DpcIpsets       *ebpf.Map `ebpf:"dpc_ipsets"`
@@ -150,6 +153,7 @@ func (m *datapathV2Maps) Close() error {
 		m.DpcConntrack,
 		m.DpcCtPrevV1,
 		m.DpcCtPrevV2,
+		m.DpcCtStaging,
 		m.DpcEndpoints,
 		m.DpcFrontends,
 		m.DpcIpsets,

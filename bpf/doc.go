@@ -176,10 +176,11 @@
 // port, admission) they write there too, in its format, for the old
 // programs still attached on other hooks. Once the new programs run on
 // every hook (AttachHost, ReattachEndpoints),
-// MigrateConntrack copies what the new map still lacks, in the kernel
-// (dpc_ct_migrate: bpf_for_each_map_elem, BPF_NOEXIST per entry, so what the
-// programs adopted or created since wins), then empties the slots and unpins
-// the previous maps. migrate.go says why this order loses no flow, and what
+// MigrateConntrack copies what the new map still lacks, in the kernel, a
+// chunk at a time (a batch read of the previous map staged in
+// dpc_ct_staging, then dpc_ct_migrate writes each entry with BPF_NOEXIST, so
+// what the programs adopted, mirrored or created since wins), then empties
+// the slots and unpins the previous maps. migrate.go says why this order loses no flow, and what
 // copying before the attach loses.
 //
 // # Generated code

@@ -11,6 +11,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+	"golang.org/x/sys/unix"
 )
 
 // TestLayoutMatchesBTF checks the Go mirrors against the C structs, as the
@@ -117,6 +118,10 @@ func checkLayout(t *testing.T, format ConntrackFormat) {
 	}
 	if m := spec.Maps[VerdictsMapName]; m == nil || m.Type != ebpf.RingBuf || m.MaxEntries != VerdictRingSize || m.Value.TypeName() != "verdict_event" {
 		t.Errorf("map %s: %+v, want a ring buffer of %d bytes of verdict_event", VerdictsMapName, m, VerdictRingSize)
+	}
+	// The staging of the copy: a key, then a value of either format.
+	if m := spec.Maps["dpc_ct_staging"]; m == nil || m.Type != ebpf.Array || m.MaxEntries != migrateChunk || m.ValueSize != ctStagedSize || m.Flags&unix.BPF_F_MMAPABLE == 0 {
+		t.Errorf("map dpc_ct_staging: %+v, want an mmapable array of %d entries of %d bytes", m, migrateChunk, ctStagedSize)
 	}
 	// The slots of the previous maps take a conntrack map of each format.
 	for name, f := range map[string]ConntrackFormat{"dpc_ct_prev_v1": ConntrackFormatV1, "dpc_ct_prev_v2": ConntrackFormatV2} {

@@ -135,7 +135,7 @@ func CheckKernel() error {
 	for _, fn := range []asm.BuiltinFunc{
 		asm.FnSkbLoadBytes, asm.FnSkbStoreBytes, asm.FnL3CsumReplace,
 		asm.FnL4CsumReplace, asm.FnKtimeGetNs, asm.FnLoop, asm.FnRingbufReserve,
-		asm.FnRingbufSubmit, asm.FnForEachMapElem,
+		asm.FnRingbufSubmit,
 	} {
 		if err := features.HaveProgramHelper(ebpf.SchedCLS, fn); err != nil {
 			return fmt.Errorf("kernel lacks BPF helper %s for tc programs: %w", fn, err)

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/cilium/ebpf"
 	"github.com/vishvananda/netlink"
@@ -23,8 +25,8 @@ import (
 //  2. the caller attaches the new programs to every hook (AttachHost,
 //     ReattachEndpoints), one hook after the other;
 //  3. MigrateConntrack copies every entry of the previous map that the new map
-//     lacks, converted, in the kernel (dpc_ct_migrate), then empties the slots
-//     and unpins the previous map.
+//     lacks, converted, in the kernel (dpc_ct_migrate, a chunk at a time),
+//     then empties the slots and unpins the previous map.
 //
 // During step 2 a flow may cross hooks that run the old programs (which know
 // only the previous map) and hooks that run the new ones. So while the slot is
@@ -242,31 +244,80 @@ type ctMigration struct {
 	Copied, Present, Failed uint64
 }
 
-// copyPrevious runs dpc_ct_migrate on p: every entry of p whose tuple the
-// current map lacks is copied, converted, in the kernel (conntrack.h). p is
-// put in its format's slot first, where it is already unless an interrupted
-// migration left two maps of one format.
+// migrateChunk mirrors DPC_CT_MIGRATE_CHUNK: the entries a run of
+// dpc_ct_migrate copies. A run holds its CPU with bottom halves off, so a
+// chunk is a couple of milliseconds of it.
+const migrateChunk = 16384
+
+// ctStagedSize is the size of struct ct_staged: a key and a value of either
+// format, format 1's first.
+const ctStagedSize = conntrackKeySize + 48
+
+// copyPrevious copies every entry of p whose tuple the current map lacks,
+// converted, a chunk at a time: it reads a chunk of p (a batch lookup),
+// writes it into dpc_ct_staging (mapped into memory), and runs
+// dpc_ct_migrate on it, which writes
+// each entry with BPF_NOEXIST (conntrack.h). Entries written to p meanwhile
+// (the new programs' mirror) are in the current map already.
 func (d *Datapath) copyPrevious(p previousConntrack) (ctMigration, error) {
-	var m ctMigration
-	if err := d.prevSlot(p.format).Put(uint32(0), p.m); err != nil {
-		return m, fmt.Errorf("put %s in its slot: %w", p, err)
+	var total ctMigration
+	size := p.format.ValueSize()
+	keys := make([][conntrackKeySize]byte, migrateChunk)
+	vals, valBytes := byteRows(migrateChunk, size)
+	staged := make([]byte, migrateChunk*ctStagedSize)
+	mem, err := d.objs.DpcCtStaging.Memory()
+	if err != nil {
+		return total, fmt.Errorf("map dpc_ct_staging: %w", err)
 	}
 	var in skbCtx
-	binary.NativeEndian.PutUint32(in[skbMarkOff:], uint32(p.format))
-	ret, err := d.objs.DpcCtMigrate.Run(&ebpf.RunOptions{Data: make([]byte, 64), Context: in[:]})
-	if err != nil {
-		return m, fmt.Errorf("run dpc_ct_migrate: %w", err)
+	binary.NativeEndian.PutUint32(in[skbPriorityOff:], uint32(p.format))
+	var cursor ebpf.MapBatchCursor
+	for {
+		n, lerr := p.m.BatchLookup(&cursor, keys, vals.Interface(), nil)
+		if lerr != nil && !errors.Is(lerr, ebpf.ErrKeyNotExist) {
+			return total, fmt.Errorf("read %s: %w", p, lerr)
+		}
+		if n > 0 {
+			for i := 0; i < n; i++ {
+				e := staged[i*ctStagedSize : (i+1)*ctStagedSize]
+				copy(e[:conntrackKeySize], keys[i][:])
+				copy(e[conntrackKeySize:], valBytes[i*size:(i+1)*size])
+			}
+			if _, err := mem.WriteAt(staged[:n*ctStagedSize], 0); err != nil {
+				return total, fmt.Errorf("stage a chunk of %s: %w", p, err)
+			}
+			binary.NativeEndian.PutUint32(in[skbMarkOff:], uint32(n))
+			ret, err := d.objs.DpcCtMigrate.Run(&ebpf.RunOptions{Data: make([]byte, 64), Context: in[:]})
+			if err != nil {
+				return total, fmt.Errorf("run dpc_ct_migrate: %w", err)
+			}
+			if ret != tcActOK {
+				return total, fmt.Errorf("dpc_ct_migrate refused a chunk of %d entries of format %s", n, p.format)
+			}
+			var m ctMigration
+			if err := d.objs.DpcCtMigration.Get(&m); err != nil {
+				return total, fmt.Errorf("read the counts of dpc_ct_migrate: %w", err)
+			}
+			total.Copied += m.Copied
+			total.Present += m.Present
+			total.Failed += m.Failed
+		}
+		if errors.Is(lerr, ebpf.ErrKeyNotExist) {
+			break
+		}
 	}
-	if ret != tcActOK {
-		return m, fmt.Errorf("dpc_ct_migrate found no map in the %s slot", p.format)
+	if total.Failed > 0 {
+		return total, fmt.Errorf("%d entries could not be written (%d copied)", total.Failed, total.Copied)
 	}
-	if err := d.objs.DpcCtMigration.Get(&m); err != nil {
-		return m, fmt.Errorf("read the counts of dpc_ct_migrate: %w", err)
-	}
-	if m.Failed > 0 {
-		return m, fmt.Errorf("%d entries could not be written (%d copied)", m.Failed, m.Copied)
-	}
-	return m, nil
+	return total, nil
+}
+
+// byteRows makes a slice of n arrays of size bytes (the shape the batch
+// operations want for values whose size is known only at run time) and the
+// bytes it holds.
+func byteRows(n, size int) (reflect.Value, []byte) {
+	rows := reflect.MakeSlice(reflect.SliceOf(reflect.ArrayOf(size, byteType)), n, n)
+	return rows, unsafe.Slice((*byte)(rows.UnsafePointer()), n*size)
 }
 
 // skbCtx is struct __sk_buff as BPF_PROG_RUN takes it: only mark and ifindex
@@ -274,8 +325,9 @@ func (d *Datapath) copyPrevious(p previousConntrack) (ctMigration, error) {
 type skbCtx [192]byte
 
 const (
-	skbMarkOff = 8
-	tcActOK    = 0
+	skbMarkOff     = 8
+	skbPriorityOff = 32
+	tcActOK        = 0
 )
 
 // formatted is a ConntrackValue encoded in a given format, for a map of it.

@@ -2,10 +2,8 @@ package bpf
 
 import (
 	"encoding/binary"
-	"reflect"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/cilium/ebpf"
 )
@@ -67,11 +65,4 @@ func fillConntrack(b testing.TB, m *ebpf.Map, f ConntrackFormat, n int) {
 		}
 		done += c
 	}
-}
-
-// byteRows makes a slice of n arrays of size bytes (the shape batch operations
-// want for values whose size is known only at run time) and the bytes it holds.
-func byteRows(n, size int) (reflect.Value, []byte) {
-	rows := reflect.MakeSlice(reflect.SliceOf(reflect.ArrayOf(size, byteType)), n, n)
-	return rows, unsafe.Slice((*byte)(rows.UnsafePointer()), n*size)
 }

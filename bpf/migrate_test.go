@@ -512,3 +512,12 @@ func TestMixedHooksDuringMigration(t *testing.T) {
 		})
 	}
 }
+
+// The copy's chunk in Go is the one the program counts to (conntrack.h).
+func TestMigrateChunkMatchesHeader(t *testing.T) {
+	h, err := os.ReadFile("conntrack.h")
+	must(t, err)
+	if want := fmt.Sprintf("#define DPC_CT_MIGRATE_CHUNK %d\n", migrateChunk); !strings.Contains(string(h), want) || !strings.Contains(string(h), "__u8 value[sizeof(struct ct_value_v2)];") || ctStagedSize != conntrackKeySize+ConntrackFormatV2.ValueSize() {
+		t.Errorf("conntrack.h lacks %q", want)
+	}
+}
