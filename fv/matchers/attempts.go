@@ -199,7 +199,8 @@ func failureRuns(w timeline.Window, failed []probe.Event, o options) string {
 	})
 }
 
-func fmtMs(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
+// fmtMs renders a duration as the timeline does: "18.0 ms", "1.0 s".
+func fmtMs(d time.Duration) string { return timeline.Duration(d) }
 
 func selection(o options) string {
 	if len(o.probes) == 0 {
