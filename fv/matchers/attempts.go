@@ -128,7 +128,10 @@ func evalAttempts(w timeline.Window, o options) (outcome, error) {
 	default:
 		out.kind = AttemptKind(first, o.backends)
 	}
-	out.first = describeAttempt(w, first, o)
+	out.first, out.at = describeAttempt(w, first, o), first.Time
+	for _, e := range failed {
+		out.marks = append(out.marks, markOf(e, AttemptKind(e, o.backends)))
+	}
 	var b strings.Builder
 	b.WriteString("Timeline around it:\n")
 	b.WriteString(w.Excerpt(first.Time, o.context, o.context, func(e probe.Event) bool {

@@ -166,6 +166,7 @@ func run(t *testing.T, cases []check) {
 			case res.Verdict == matchers.Pass:
 				g.Expect(res.Kind).To(BeEmpty(), "a pass has no failure kind")
 			}
+			checkMarks(t, res)
 			if c.verdict == matchers.Instrument {
 				g.Expect(err).To(MatchError(matchers.ErrInstrument))
 				for _, s := range c.contains {
@@ -648,5 +649,42 @@ func TestAttemptKind(t *testing.T) {
 	}
 	if got := matchers.AttemptKind(probe.Event{Outcome: probe.Unreachable}, []string{"pod-a"}); got == matchers.KindWrongBackend {
 		t.Error("an unreachable attempt is not a wrong backend")
+	}
+}
+
+// markCount names, per figure, the figures that count every moment in breach: a
+// violation marks each of them for the chart, no more, no fewer.
+var markCount = map[string]bool{"failed_attempts": true, "gaps_over_budget": true, "resets": true, "dead_streams": true,
+	"hung_streams": true, "lost_after_control": true, "unanswered": true, "served_attempts": true, "deny_verdicts": true}
+
+// checkMarks holds every result to the contract of its marks: none on a pass; on a
+// violation, in time order, each with its kind and its lane, as many as the figure
+// that counts them, and the first violation's time among them.
+func checkMarks(t *testing.T, res matchers.Result) {
+	t.Helper()
+	if res.Verdict != matchers.Violation {
+		if len(res.Marks) > 0 || res.MarksTotal > 0 || res.At != 0 {
+			t.Errorf("a %s carries marks %v (total %d) or a violation time %v", res.Verdict, res.Marks, res.MarksTotal, res.At)
+		}
+		return
+	}
+	for i, m := range res.Marks {
+		if m.Kind == "" || (m.Probe == "" && m.Node == "") || (m.End != 0 && m.End < m.Time) {
+			t.Errorf("mark %d %+v lacks a kind or a lane, or ends before it starts", i, m)
+		}
+		if i > 0 && m.Time < res.Marks[i-1].Time {
+			t.Errorf("marks out of time order at %d: %+v after %+v", i, m, res.Marks[i-1])
+		}
+	}
+	if res.MarksTotal != len(res.Marks) && len(res.Marks) != matchers.MaxMarks {
+		t.Errorf("%d marks kept of %d, below the limit %d", len(res.Marks), res.MarksTotal, matchers.MaxMarks)
+	}
+	for _, f := range res.Figures {
+		if markCount[f.Name] && float64(res.MarksTotal) != f.Value {
+			t.Errorf("%d marks, but the figure %s counts %v", res.MarksTotal, f.Name, f.Value)
+		}
+	}
+	if len(res.Marks) > 0 && res.At == 0 {
+		t.Errorf("a violation with marks has no time for its first violation: %q", res.First)
 	}
 }

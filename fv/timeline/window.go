@@ -111,7 +111,6 @@ func (w Window) reference(t monotime.Time) (monotime.Time, string) {
 	return w.Start, "the window start"
 }
 
-
 func signedMs(d time.Duration) string {
 	if d < 0 {
 		return fmt.Sprintf("-%.3f ms", float64(-d)/1e6)
