@@ -11,7 +11,7 @@ BIN := $(OUT)/bin
 RUNTIME_PKGS := iptables nftables iproute2 conntrack util-linux kmod bpftool ipset
 GENERATE_PKGS := clang llvm libbpf-dev
 
-.PHONY: all deps deps-generate control-plane cni kube-router binaries build test lint \
+.PHONY: all deps deps-generate deps-browser control-plane cni kube-router binaries build test lint \
         bench conformance selftest generate cleanup clean
 
 # The implementation `make conformance` runs against, and the profiles to run
@@ -38,6 +38,12 @@ deps-generate:
 		echo "installing: $$missing"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	else echo "deps-generate: all of $(GENERATE_PKGS) installed"; fi
+
+## deps-browser: Debian's chromium, for the test that loads report.html in a real browser
+deps-browser:
+	@if command -v chromium >/dev/null; then echo "deps-browser: chromium installed"; else \
+		echo "installing: chromium"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi
 
 ## control-plane: build etcd, kube-apiserver, kube-controller-manager, kube-proxy once
 control-plane:
@@ -69,7 +75,7 @@ lint:
 	$(GO) tool staticcheck ./...
 
 ## test: everything that proves the project (privileged tests need root)
-test: deps deps-generate binaries lint
+test: deps deps-generate deps-browser binaries lint
 	$(GO) test -count=1 -p 1 -timeout 60m ./...
 
 ## bench: the project's benchmarks, with their figures (not part of `make test`)

@@ -43,10 +43,15 @@ func (w Window) Duration() time.Duration { return w.End.Sub(w.Start) }
 // "window from 1.0 s before stop-sent to 3.0 s after ready (4.9 s)"; a window with no
 // transition event in the timeline is described by its length alone.
 func (w Window) String() string {
-	if len(w.Transitions) == 0 {
-		return "window of " + Duration(w.Duration())
+	// The length is a summary: to the tenth of a second, or the tenth of a ms.
+	length := w.Duration()
+	if length >= time.Second {
+		length = length.Round(100 * time.Millisecond)
 	}
-	return fmt.Sprintf("window from %s to %s (%s)", w.Relative(w.Start), w.Relative(w.End), Duration(w.Duration()))
+	if len(w.Transitions) == 0 {
+		return "window of " + Duration(length)
+	}
+	return fmt.Sprintf("window from %s to %s (%s)", w.Relative(w.Start), w.Relative(w.End), Duration(length))
 }
 
 // Relative places t relative to the transition events around it, e.g.

@@ -20,9 +20,13 @@ import (
 const usage = `dpconform: conformance of Kubernetes dataplanes across transitions
 
 usage:
-  dpconform run --driver PATH [--profiles Core,...] [--output DIR] [--repeat N]
+  dpconform run --driver PATH [--profiles Core,...] [--focus ID] [--output DIR]
+                [--repeat N] [--quiet] [-v]
                                        run the suite against an implementation's driver
-                                       (each spec N times: it passes only if all N pass)
+                                       (each spec N times: it passes only if all N pass;
+                                       the report gives each figure's spread)
+  dpconform report DIR                 make report.yaml and report.html again from the
+                                       run data saved in DIR
   dpconform specs                      list the spec catalogue
   dpconform cleanup [--run ID ...]     remove what killed runs left behind (idempotent)
   dpconform topology up [flags]        bring a netns topology up and hold it until ^C
@@ -39,6 +43,8 @@ func main() {
 	switch os.Args[1] {
 	case "run":
 		err = run(os.Args[2:])
+	case "report":
+		err = report(os.Args[2:])
 	case "specs":
 		listSpecs()
 	case "probe":
