@@ -118,18 +118,17 @@ type eventView struct {
 // row (moved aside when two would overlap) and a line down to the moment, on the
 // lane it concerns.
 type firstView struct {
-	ID     string
-	X      string // where the marker is drawn
-	At     string // where the violation is
-	Y      int
-	TextY  string
-	LaneY  int // where the line ends
-	Num    int
-	Label  string
-	Title  string
-	atX    float64
-	markX  float64
-	laneID string
+	ID    string
+	X     string // where the marker is drawn
+	At    string // where the violation is
+	Y     int
+	TextY string
+	LaneY int // where the line ends
+	Num   int
+	Label string
+	Title string
+	atX   float64
+	markX float64
 }
 
 // chartCheck is a failed check of the scenario, with its marks.

@@ -100,7 +100,9 @@ func TestPageOfARecordedFailure(t *testing.T) {
 		t.Fatalf("the recorded run has %v failed attempts in %d checks, want 383 in 2", failedAttempts, failedChecks)
 	}
 
-	svg := find(doc, func(n *html.Node) bool { return n.Data == "svg" && attr(n, "data-chart") == "overview" && attr(n, "id") == "RESTART-NODEPORT-NEW-s1" })
+	svg := find(doc, func(n *html.Node) bool {
+		return n.Data == "svg" && attr(n, "data-chart") == "overview" && attr(n, "id") == "RESTART-NODEPORT-NEW-s1"
+	})
 	if len(svg) != 1 {
 		t.Fatalf("%d overview charts of RESTART-NODEPORT-NEW, want 1", len(svg))
 	}
