@@ -301,7 +301,7 @@ func (e *Env) check(ctx context.Context, c Check, win timeline.Window, pre bool)
 	window := cmp.Or(res.Window, win.String())
 	if pre && res.Window == "" {
 		// The steady state holds no transition event yet: say what it is.
-		window = "steady state of " + timeline.Duration(win.Duration()) + ", before the transition"
+		window = "steady state of " + timeline.Duration(win.Duration().Round(100*time.Millisecond)) + ", before the transition"
 	}
 	cr := CheckResult{Name: c.Name, Passed: ok && err == nil, Verdict: res.Verdict, Figures: res.Figures, Window: window, Pre: pre,
 		At: res.At, Marks: res.Marks, MarksTotal: res.MarksTotal}
