@@ -12,7 +12,7 @@ RUNTIME_PKGS := iptables nftables iproute2 conntrack util-linux kmod bpftool ips
 GENERATE_PKGS := clang llvm libbpf-dev
 
 .PHONY: all deps deps-generate deps-browser control-plane cni kube-router binaries build test lint \
-        bench conformance selftest generate cleanup clean
+        bench conformance selftest generate docs cleanup clean
 
 # The implementation `make conformance` runs against, and the profiles to run
 # (default: every profile it claims).
@@ -89,6 +89,10 @@ conformance: deps binaries build
 ## selftest: every spec passes against the clean reference and fails against each fault it names
 selftest: deps binaries
 	$(GO) test -count=1 -timeout 60m ./conformance/selftest/ -ginkgo.v
+
+## docs: write docs/specs.md from the spec registry (a test fails when it differs)
+docs:
+	$(GO) run ./conformance/cmd/dpconform specs --markdown > docs/specs.md.new && mv docs/specs.md.new docs/specs.md
 
 ## cleanup: remove what killed runs left behind
 cleanup: build

@@ -27,7 +27,7 @@ usage:
                                        the report gives each figure's spread)
   dpconform report DIR                 make report.yaml and report.html again from the
                                        run data saved in DIR
-  dpconform specs                      list the spec catalogue
+  dpconform specs [--markdown]         list the spec catalogue (--markdown: docs/specs.md)
   dpconform cleanup [--run ID ...]     remove what killed runs left behind (idempotent)
   dpconform topology up [flags]        bring a netns topology up and hold it until ^C
   dpconform probe ROLE [flags]         a traffic probe (the suite runs it in namespaces)
@@ -46,7 +46,7 @@ func main() {
 	case "report":
 		err = report(os.Args[2:])
 	case "specs":
-		listSpecs()
+		err = specs(os.Args[2:])
 	case "probe":
 		os.Exit(probe.Main(os.Args[2:]))
 	case "cleanup":

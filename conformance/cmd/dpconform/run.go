@@ -148,6 +148,17 @@ func report(args []string) error {
 	return nil
 }
 
+func specs(args []string) error {
+	fs := flag.NewFlagSet("specs", flag.ExitOnError)
+	markdown := fs.Bool("markdown", false, "write the catalogue as docs/specs.md has it (make docs)")
+	fs.Parse(args)
+	if *markdown {
+		return conformance.WriteCatalogue(os.Stdout)
+	}
+	listSpecs()
+	return nil
+}
+
 func listSpecs() {
 	tw := tabwriter.NewWriter(os.Stdout, 2, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tPROFILE\tFEATURES\tCATCHES\tDESCRIPTION")
