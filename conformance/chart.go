@@ -96,13 +96,54 @@ type laneView struct {
 	Rects []rectView
 }
 
+// rectView is one mark: runs of columns of one kind that lie close together, drawn
+// as rectangles under one tooltip, with their count (N). A close-up draws each
+// connection on its own, and a tooltip per connection would make a page megabytes.
 type rectView struct {
-	X, Y, W, H string
-	Class      string
-	Kind       string
-	Check      string
-	N          int
-	Title      string
+	Y, H  string
+	Class string
+	Kind  string
+	Check string
+	N     int
+	Title string
+	Parts []partView
+}
+
+type partView struct{ X, W string }
+
+// markGap is how far apart (in columns) runs of one kind may lie and still be one
+// mark.
+const markGap = 6
+
+// marksOf groups runs into marks of class at y0, hh high; what(n) says what a mark of
+// n is, and its span where it lies.
+func (s scale) marksOf(rel timeline.Window, runs []colRun, y0, hh int, class, kind string, what func(n int) string) []rectView {
+	var out []rectView
+	var cur *rectView
+	var first, last colRun
+	flush := func() {
+		if cur != nil {
+			cur.Title = what(cur.N) + " " + s.span(rel, colRun{first.from, last.to, cur.N})
+			out = append(out, *cur)
+		}
+	}
+	for _, r := range runs {
+		if cur == nil || r.from-last.to > markGap {
+			flush()
+			cur = &rectView{Y: fmt.Sprint(y0), H: fmt.Sprint(hh), Class: class, Kind: kind}
+			first = r
+		}
+		w := float64(r.to - r.from + 1)
+		x := float64(chartLeft + r.from)
+		if w < 2 {
+			x, w = x-0.5, 2
+		}
+		cur.Parts = append(cur.Parts, partView{X: f1(x), W: f1(w)})
+		cur.N += r.n
+		last = r
+	}
+	flush()
+	return out
 }
 
 type eventView struct {
@@ -565,14 +606,8 @@ func drawLane(l *laneData, s scale, rel timeline.Window, y int) laneView {
 	}
 	lv.Title = lv.Label + ": " + lv.Sub
 
-	rect := func(r colRun, y0, hh int, class, kind, what string) rectView {
-		w := float64(r.to-r.from+1) * 1
-		x := float64(chartLeft + r.from)
-		if w < 2 {
-			x, w = x-0.5, 2
-		}
-		return rectView{X: f1(x), Y: fmt.Sprint(y0), W: f1(w), H: fmt.Sprint(hh), Class: class, Kind: kind, N: r.n,
-			Title: fmt.Sprintf("%s %s", what, s.span(rel, r))}
+	count := func(format string) func(int) string {
+		return func(n int) string { return fmt.Sprintf(format, n) }
 	}
 	// okBand and failure blocks for per-event outcomes bucketed by column.
 	bucket := func(events []probe.Event, class func(probe.Event) string) map[string]map[int]int {
@@ -598,13 +633,11 @@ func drawLane(l *laneData, s scale, rel timeline.Window, y int) laneView {
 		// Successes first, failures over them.
 		slices.SortStableFunc(kinds, func(a, b string) int { return cmp.Compare(boolInt(a != "ok"), boolInt(b != "ok")) })
 		for _, k := range kinds {
-			for _, r := range runsOf(b[k]) {
-				if k == "ok" {
-					lv.Rects = append(lv.Rects, rect(r, lv.MidY-3, 6, "ok", "ok", fmt.Sprintf("%d %s ok", r.n, noun)))
-					continue
-				}
-				lv.Rects = append(lv.Rects, rect(r, top+1, body-2, "fail "+failClass+" k-"+k, k, fmt.Sprintf("%d %s %s", r.n, noun, strings.ToUpper(k))))
+			if k == "ok" {
+				lv.Rects = append(lv.Rects, s.marksOf(rel, runsOf(b[k]), lv.MidY-3, 6, "ok", "ok", count("%d "+noun+" ok"))...)
+				continue
 			}
+			lv.Rects = append(lv.Rects, s.marksOf(rel, runsOf(b[k]), top+1, body-2, "fail "+failClass+" k-"+k, k, count("%d "+noun+" "+strings.ToUpper(k)))...)
 		}
 	}
 
@@ -642,12 +675,8 @@ func drawLane(l *laneData, s scale, rel timeline.Window, y int) laneView {
 			}
 			return "ok"
 		})
-		for _, r := range runsOf(b["sent"]) {
-			lv.Rects = append(lv.Rects, rect(r, lv.MidY-3, 6, "sent", "sent", fmt.Sprintf("%d datagrams sent", r.n)))
-		}
-		for _, r := range runsOf(b["unanswered"]) {
-			lv.Rects = append(lv.Rects, rect(r, lv.MidY-4, 8, "unanswered", "unanswered", fmt.Sprintf("%d datagrams not answered", r.n)))
-		}
+		lv.Rects = append(lv.Rects, s.marksOf(rel, runsOf(b["sent"]), lv.MidY-3, 6, "sent", "sent", count("%d datagrams sent"))...)
+		lv.Rects = append(lv.Rects, s.marksOf(rel, runsOf(b["unanswered"]), lv.MidY-4, 8, "unanswered", "unanswered", count("%d datagrams not answered"))...)
 		delete(b, "sent")
 		delete(b, "unanswered")
 		drawBuckets(b, "datagrams", "datagram")
@@ -656,9 +685,7 @@ func drawLane(l *laneData, s scale, rel timeline.Window, y int) laneView {
 		for _, e := range l.events {
 			counts[s.col(e.Time)]++
 		}
-		for _, r := range runsOf(counts) {
-			lv.Rects = append(lv.Rects, rect(r, lv.MidY-3, 6, "recv", "recv", fmt.Sprintf("%d requests received (by when they were sent)", r.n)))
-		}
+		lv.Rects = append(lv.Rects, s.marksOf(rel, runsOf(counts), lv.MidY-3, 6, "recv", "recv", count("%d requests received (by when they were sent)"))...)
 	case roleVerdict:
 		deny, allow := map[int]int{}, map[int]int{}
 		for _, v := range l.verdict {
@@ -668,12 +695,8 @@ func drawLane(l *laneData, s scale, rel timeline.Window, y int) laneView {
 				allow[s.col(v.Time)]++
 			}
 		}
-		for _, r := range runsOf(allow) {
-			lv.Rects = append(lv.Rects, rect(r, lv.MidY-3, 6, "allow", "allow", fmt.Sprintf("%d allow verdicts", r.n)))
-		}
-		for _, r := range runsOf(deny) {
-			lv.Rects = append(lv.Rects, rect(r, top+1, body-2, "fail verdict k-deny", "deny", fmt.Sprintf("%d deny verdicts", r.n)))
-		}
+		lv.Rects = append(lv.Rects, s.marksOf(rel, runsOf(allow), lv.MidY-3, 6, "allow", "allow", count("%d allow verdicts"))...)
+		lv.Rects = append(lv.Rects, s.marksOf(rel, runsOf(deny), top+1, body-2, "fail verdict k-deny", "deny", count("%d deny verdicts"))...)
 	case roleStream:
 		rowH := max(3, (body-2)/max(1, len(streams)))
 		rowOf := map[int]int{}
@@ -702,15 +725,17 @@ func drawLane(l *laneData, s scale, rel timeline.Window, y int) laneView {
 					what = "stream %d failed to open: %s"
 				}
 				r := colRun{s.col(e.Time), s.col(e.Time), 1}
-				lv.Rects = append(lv.Rects, rect(r, rowOf[e.Stream]-1, rowH+2, "fail stream k-"+k, k, fmt.Sprintf(what, e.Stream, strings.ToUpper(string(e.Outcome)))))
+				text := fmt.Sprintf(what, e.Stream, strings.ToUpper(string(e.Outcome)))
+				lv.Rects = append(lv.Rects, s.marksOf(rel, []colRun{r}, rowOf[e.Stream]-1, rowH+2, "fail stream k-"+k, k, func(int) string { return text })...)
 			}
 		}
 		for _, id := range streams {
-			for _, r := range runsOf(alive[id]) {
-				r.n = 0 // echo periods, not a count of anything
-				rv := rect(r, rowOf[id], max(2, rowH-1), "ok", "ok", fmt.Sprintf("stream %d echoing", id))
-				lv.Rects = append([]rectView{rv}, lv.Rects...)
+			runs := runsOf(alive[id])
+			for i := range runs {
+				runs[i].n = 0 // echo periods, not a count of anything
 			}
+			text := fmt.Sprintf("stream %d echoing", id)
+			lv.Rects = append(s.marksOf(rel, runs, rowOf[id], max(2, rowH-1), "ok", "ok", func(int) string { return text }), lv.Rects...)
 		}
 	}
 	return lv
@@ -764,15 +789,10 @@ func drawBreaches(c chartCheck, s scale, rel timeline.Window, lanes map[string]*
 	}
 	for _, k := range order {
 		l := lanes[k.lane]
-		for _, r := range runsOf(cols[k]) {
-			w := float64(r.to - r.from + 1)
-			x := float64(chartLeft + r.from)
-			if w < 2 {
-				x, w = x-0.5, 2
-			}
-			l.Rects = append(l.Rects, rectView{X: f1(x), Y: fmt.Sprint(l.Y), W: f1(w), H: fmt.Sprint(breachStrip - 1),
-				Class: "breach", Kind: string(k.kind), Check: fmt.Sprint(c.Num), N: r.n,
-				Title: fmt.Sprintf("check %d, %s: %d in breach (%s) %s", c.Num, c.Name, r.n, k.kind, s.span(rel, r))})
+		what := func(n int) string { return fmt.Sprintf("check %d, %s: %d in breach (%s)", c.Num, c.Name, n, k.kind) }
+		for _, m := range s.marksOf(rel, runsOf(cols[k]), l.Y, breachStrip-1, "breach", string(k.kind), what) {
+			m.Check = fmt.Sprint(c.Num)
+			l.Rects = append(l.Rects, m)
 		}
 	}
 }

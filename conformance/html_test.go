@@ -174,7 +174,7 @@ func TestPageOfARecordedFailure(t *testing.T) {
 	if !bytes.Equal(again, page) {
 		t.Error("the same run data rendered twice differs")
 	}
-	if len(page) > 400_000 {
+	if len(page) > 200_000 {
 		t.Errorf("the page of one spec is %d bytes; charts are bucketed per pixel and should stay small", len(page))
 	}
 }

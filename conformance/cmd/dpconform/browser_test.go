@@ -185,10 +185,10 @@ const readChart = `(() => {
   if (!svg) return null;
   const sum = sel => [...svg.querySelectorAll(sel)].reduce((a, r) => a + Number(r.dataset.n), 0);
   const box = svg.getBoundingClientRect();
-  const fails = [...svg.querySelectorAll('rect.fail.attempt')];
+  const fails = [...svg.querySelectorAll('.fail.attempt')];
   return {
-    failed: sum('rect.fail.attempt'),
-    breaches: sum('rect.breach'),
+    failed: sum('.fail.attempt'),
+    breaches: sum('.breach'),
     events: [...svg.querySelectorAll('g.event')].map(g => g.dataset.event),
     firsts: svg.querySelectorAll('g.first').length,
     width: box.width, height: box.height,
