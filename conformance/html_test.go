@@ -38,7 +38,7 @@ func copyDir(t *testing.T, from string) string {
 }
 
 // The recorded run (testdata/failed-run) is RESTART-NODEPORT-NEW against refdp with
-// eager-service-sync: its two checks failed with 192 and 191 refused attempts across
+// eager-service-sync: its two checks failed with 199 and 197 refused attempts across
 // a graceful restart (stop-sent, exited, start-sent, ready).
 const recordedRun = "testdata/failed-run"
 
@@ -96,8 +96,8 @@ func TestPageOfARecordedFailure(t *testing.T) {
 			}
 		}
 	}
-	if failedAttempts != 383 || failedChecks != 2 {
-		t.Fatalf("the recorded run has %v failed attempts in %d checks, want 383 in 2", failedAttempts, failedChecks)
+	if failedAttempts != 396 || failedChecks != 2 {
+		t.Fatalf("the recorded run has %v failed attempts in %d checks, want 396 in 2", failedAttempts, failedChecks)
 	}
 
 	svg := find(doc, func(n *html.Node) bool {
