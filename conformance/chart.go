@@ -22,9 +22,9 @@ import (
 // moments the failed checks found in breach, the first of each check pointed out.
 //
 // The chart is geometry only; report.html.tmpl writes it as inline SVG with
-// html/template, so every name in it is escaped. Marks are drawn per pixel column
-// and runs of like columns are merged into one rectangle that carries its count
-// (data-n): a chart stays a few hundred elements whether a lane saw 10 or 30,000
+// html/template, so every name in it is escaped. Marks are drawn per pixel column,
+// and nearby columns of one kind make one mark that carries its count (data-n) and
+// one tooltip: a chart stays a few hundred elements whether a lane saw 10 or 30,000
 // attempts, and its failure marks still add up to the measured figures.
 
 // Chart geometry, in SVG user units (the page scales the SVG to its width).
@@ -49,7 +49,6 @@ type chartView struct {
 	PlotTop, PlotBottom int
 	PlotHeight          int
 	PlotWidth           int
-	BandLabelY          int
 	Left, Right         int
 	LabelX              int
 	Bands               []bandView
@@ -346,7 +345,6 @@ func buildChart(id, kind, title string, tr *TimelineRecord, sc ScenarioRecord, c
 	}
 	cv.PlotBottom = y
 	cv.PlotHeight = cv.PlotBottom - cv.PlotTop
-	cv.BandLabelY = cv.PlotTop + 11
 	cv.AxisY = y + 4
 	cv.TickY, cv.TickLabelY = cv.AxisY+4, cv.AxisY+15
 	cv.AxisTitleX, cv.AxisTitleY = chartLeft+chartPlot/2, cv.AxisY+29
