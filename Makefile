@@ -83,8 +83,9 @@ bench: deps binaries
 	$(GO) test -count=1 -p 1 -run '^$$' -bench . -benchtime 3x -timeout 60m ./...
 
 ## conformance: run the suite against DRIVER (default: the reference) on a netns topology
+## (QUIET=1: a line per result, for CI logs)
 conformance: deps binaries build
-	$(BIN)/dpconform run --driver $(DRIVER) $(if $(PROFILES),--profiles $(PROFILES)) --output $(OUT)/conformance
+	$(BIN)/dpconform run --driver $(DRIVER) $(if $(PROFILES),--profiles $(PROFILES)) $(if $(QUIET),--quiet) --output $(OUT)/conformance
 
 ## selftest: every spec passes against the clean reference and fails against each fault it names
 selftest: deps binaries
