@@ -8,8 +8,11 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/net/html"
+
+	"github.com/dpconform/dpconform/fv/matchers"
 )
 
 // copyDir copies the recorded run in testdata to a temporary directory, so a test
@@ -247,4 +250,29 @@ func sumN(ns []*html.Node) float64 {
 		s += v
 	}
 	return s
+}
+
+// A repeated spec's section lists its runs and the spread of its figures.
+func TestPageOfARepeatedSpec(t *testing.T) {
+	zero := 0.0
+	fig := func(v float64) []CheckResult {
+		return []CheckResult{{Name: "no failed attempt", Passed: v == 0, Kind: "reset",
+			Figures: []matchers.Figure{{Name: "failed_attempts", Value: v, Unit: "attempts", Budget: &zero}}}}
+	}
+	runs := []Result{
+		{ID: "RESTART-NODEPORT-NEW", Profile: Core, Result: Passed, Checks: fig(0), Duration: 12 * time.Second},
+		{ID: "RESTART-NODEPORT-NEW", Profile: Core, Result: Failed, Reason: "no failed attempt: reset", Checks: fig(14), Duration: 13 * time.Second},
+		{ID: "RESTART-NODEPORT-NEW", Profile: Core, Result: Passed, Checks: fig(0), Duration: 12 * time.Second},
+	}
+	rec := RunRecord{Format: dataFormat, Implementation: Implementation{Name: "x", Profiles: []string{"Core"}}, Topology: "netns",
+		Budgets: DefaultBudgets, Repeat: 3, Claimed: []Profile{Core}, Results: []Result{combine(runs)}}
+	page, err := RenderHTML(rec, t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"2 of 3 runs passed", "Spread over the runs", "<td class=\"num\">14</td>", "1 of 3</td>", "No timeline was saved for this run"} {
+		if !bytes.Contains(page, []byte(want)) {
+			t.Errorf("the page lacks %q", want)
+		}
+	}
 }
