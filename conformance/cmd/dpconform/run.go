@@ -20,6 +20,7 @@ import (
 	_ "github.com/dpconform/dpconform/conformance/specs" // the catalogue
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/topologies/netns"
 )
 
 // suiteT satisfies Ginkgo's GinkgoTestingT outside `go test`.
@@ -64,7 +65,10 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets, Repeat: *repeat}
+	// One control plane serves the runs one after another, reset between them.
+	pool := netns.NewControlPlanes("", nil)
+	defer pool.Close()
+	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets, Repeat: *repeat, ControlPlanes: pool}
 	if cfg.Profiles, err = conformance.ParseProfiles(*profiles); err != nil {
 		return fmt.Errorf("--profiles: %w", err)
 	}
