@@ -3,6 +3,7 @@ package conformance
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -152,8 +153,12 @@ func TestSpreadOverRuns(t *testing.T) {
 	fig := func(name string, v float64, b *float64) matchers.Figure {
 		return matchers.Figure{Name: name, Value: v, Unit: "attempts", Budget: b}
 	}
+	// Each run's check names the port its run used: the spread still puts them
+	// together, under the first run's name.
+	port := 30000
 	runWith := func(kind ResultKind, figs ...matchers.Figure) Result {
-		return Result{ID: "A", Profile: Core, Result: kind, Checks: []CheckResult{{Name: "no failed attempt", Passed: kind == Passed, Figures: figs}}}
+		port++
+		return Result{ID: "A", Profile: Core, Result: kind, Checks: []CheckResult{{Name: fmt.Sprintf("no failed attempt to :%d", port), Passed: kind == Passed, Figures: figs}}}
 	}
 	runs := []Result{
 		runWith(Passed, fig("failed_attempts", 0, &zero), fig("max_latency", 3, nil)),
@@ -165,8 +170,8 @@ func TestSpreadOverRuns(t *testing.T) {
 	}
 	got := spread(runs)
 	want := []FigureSpread{
-		{Check: "no failed attempt", Figure: "failed_attempts", Unit: "attempts", Budget: &zero, Runs: 4, Min: 0, Median: 0, Max: 14, OverBudget: 1},
-		{Check: "no failed attempt", Figure: "max_latency", Unit: "attempts", Runs: 4, Min: 3, Median: 4.5, Max: 9},
+		{Check: "no failed attempt to :30001", Figure: "failed_attempts", Unit: "attempts", Budget: &zero, Runs: 4, Min: 0, Median: 0, Max: 14, OverBudget: 1},
+		{Check: "no failed attempt to :30001", Figure: "max_latency", Unit: "attempts", Runs: 4, Min: 3, Median: 4.5, Max: 9},
 	}
 	if len(got) != len(want) {
 		t.Fatalf("spread = %+v, want %+v", got, want)

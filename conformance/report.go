@@ -131,24 +131,30 @@ func (f FigureSpread) String() string {
 }
 
 // spread computes the figures' spread over runs, in the order the figures first
-// appear.
+// appear. A check is known by its place among the run's checks, which every run of a
+// spec records in the same order, not by its name: a name may hold what differs from
+// run to run (a NodePort, an address).
 func spread(runs []Result) []FigureSpread {
-	type key struct{ check, figure string }
+	type key struct {
+		check  int
+		figure string
+	}
 	var order []key
 	values := map[key][]float64{}
 	first := map[key]matchers.Figure{}
+	names := map[key]string{}
 	over := map[key]int{}
 	for _, run := range runs {
-		for _, c := range run.Checks {
+		for i, c := range run.Checks {
 			name := c.Name
 			if c.Pre {
 				name = "precondition: " + name
 			}
 			for _, f := range c.Figures {
-				k := key{name, f.Name}
+				k := key{i, f.Name}
 				if _, ok := values[k]; !ok {
 					order = append(order, k)
-					first[k] = f
+					first[k], names[k] = f, name
 				}
 				values[k] = append(values[k], f.Value)
 				if !f.Within() {
@@ -166,7 +172,7 @@ func spread(runs []Result) []FigureSpread {
 			med = (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2
 		}
 		f := first[k]
-		out = append(out, FigureSpread{Check: k.check, Figure: k.figure, Unit: f.Unit, Budget: f.Budget, Runs: len(vs),
+		out = append(out, FigureSpread{Check: names[k], Figure: k.figure, Unit: f.Unit, Budget: f.Budget, Runs: len(vs),
 			Min: vs[0], Median: med, Max: vs[len(vs)-1], OverBudget: over[k]})
 	}
 	return out
