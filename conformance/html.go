@@ -85,7 +85,7 @@ type specView struct {
 	Open                     bool
 	Checks                   []checkView
 	ChecksFromRun            int
-	Runs                     []RunReport
+	Runs                     []runView
 	Spread                   []FigureSpread
 	Charts                   []chartPair
 	ChartNote                string
@@ -93,6 +93,13 @@ type specView struct {
 	Diagnostics              []string
 	HostSettings             []string
 	Timeline                 string
+}
+
+// runView is one run of a repeated spec.
+type runView struct {
+	Run                    int
+	Result                 ResultKind
+	Kind, Duration, Reason string
 }
 
 type checkView struct {
@@ -199,7 +206,10 @@ func RenderHTML(rec RunRecord, dir string) ([]byte, error) {
 func specPage(s SpecReport, r Result, dir string) specView {
 	sv := specView{ID: s.ID, Profile: string(r.Profile), Description: r.Description, Result: s.Result, Kind: failedKinds(r), Reason: s.Reason,
 		Duration: seconds(r.Duration), Passes: s.Passes, Open: s.Result == Failed || s.Result == Errored, ChecksFromRun: s.ChecksFromRun,
-		Runs: s.Runs, Spread: s.Spread, Message: r.Message, Diagnostics: s.Diagnostics, HostSettings: s.HostSettings, Timeline: s.Timeline}
+		Spread: s.Spread, Message: r.Message, Diagnostics: s.Diagnostics, HostSettings: s.HostSettings, Timeline: s.Timeline}
+	for i, run := range r.Runs {
+		sv.Runs = append(sv.Runs, runView{Run: i + 1, Result: run.Result, Kind: failedKinds(run), Duration: seconds(run.Duration), Reason: run.Reason})
+	}
 	failed := 0
 	for i, c := range s.Checks {
 		cv := checkView{Name: c.Name, Result: c.Result, Kind: c.Kind, Window: c.Window, Figures: c.Figures}
