@@ -486,7 +486,7 @@ func gatherLanes(tr *TimelineRecord, x0, x1 monotime.Time) []*laneData {
 		}
 		var role string
 		switch e.Kind {
-		case probe.KindAttempt:
+		case probe.KindAttempt, probe.KindHeld:
 			role = roleConnect
 		case probe.KindOpen, probe.KindEcho, probe.KindGap, probe.KindEnd:
 			role = roleStream
@@ -647,6 +647,15 @@ func drawLane(l *laneData, s scale, rel timeline.Window, y int) laneView {
 			}
 			return outcomeClass(e.Outcome)
 		}), plural(2, "attempt", "attempts"), "attempt")
+		// A held connection that was lost when the probe checked it is marked where
+		// it was opened: that is the moment whose flows the implementation lost.
+		// (Those that held were counted ok as attempts already.)
+		drawBuckets(bucket(l.events, func(e probe.Event) string {
+			if e.Kind != probe.KindHeld || e.Outcome == probe.OK {
+				return ""
+			}
+			return outcomeClass(e.Outcome)
+		}), "held connections, lost:", "attempt held")
 	case roleUDP:
 		replies := map[uint64]probe.Event{}
 		for _, e := range l.events {

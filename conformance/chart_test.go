@@ -112,3 +112,37 @@ func TestChartOfEveryLaneKind(t *testing.T) {
 		t.Errorf("zoom %v..%v (%v), want a close-up around 1.9 s to 2.0 s", z0, z1, ok)
 	}
 }
+
+// Held connections (Connect.Hold, the Upgrade profile): one lost when the probe
+// checked it is a failure mark where it was opened; one that held adds nothing to the
+// attempts that already counted it ok.
+func TestChartOfHeldConnections(t *testing.T) {
+	tr := TimelineRecord{Format: dataFormat, ID: "X", Run: 1}
+	for seq := uint64(1); seq <= 100; seq++ {
+		at := monotime.Time(100+seq*10) * ms
+		tr.Events = append(tr.Events,
+			probe.Event{Time: at, Kind: probe.KindAttempt, Probe: "c", Seq: seq, Outcome: probe.OK, Target: "10.96.0.1:80", Backend: "b"})
+		held := probe.Event{Time: at, End: 3000 * ms, Kind: probe.KindHeld, Probe: "c", Seq: seq, Outcome: probe.OK, Target: "10.96.0.1:80", Backend: "b"}
+		if seq == 50 || seq == 51 {
+			held.Outcome, held.Backend = probe.Reset, ""
+		}
+		tr.Events = append(tr.Events, held)
+	}
+	sc := ScenarioRecord{From: 50 * ms, SteadyStart: 60 * ms, SteadyEnd: 500 * ms, Start: 100 * ms, End: 3000 * ms}
+	cv := buildChart("X-s1", "overview", "t", &tr, sc, nil, sc.From, sc.End)
+	if len(cv.Lanes) != 1 || cv.Lanes[0].Role != roleConnect {
+		t.Fatalf("lanes %+v, want one connect lane", cv.Lanes)
+	}
+	var lost, ok int
+	for _, r := range cv.Lanes[0].Rects {
+		switch r.Class {
+		case "fail attempt held k-reset":
+			lost += r.N
+		case "ok":
+			ok += r.N
+		}
+	}
+	if lost != 2 || ok != 100 {
+		t.Errorf("%d held connections drawn lost, %d attempts ok: want 2 and 100", lost, ok)
+	}
+}
