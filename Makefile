@@ -10,8 +10,11 @@ BIN := $(OUT)/bin
 # Debian packages needed at run time, and to regenerate the BPF objects.
 RUNTIME_PKGS := iptables nftables iproute2 conntrack util-linux kmod bpftool ipset
 GENERATE_PKGS := clang llvm libbpf-dev
+# The Cilium agent compiles its datapath with clang at run time and needs LLVM >= 18.1
+# (Debian 12's default clang is 14); its driver runs /usr/lib/llvm-19/bin/clang.
+CILIUM_PKGS := clang-19
 
-.PHONY: all deps deps-generate control-plane cni kube-router binaries build test lint \
+.PHONY: all deps deps-generate deps-cilium control-plane cni kube-router cilium binaries build test lint \
         bench conformance selftest generate cleanup clean
 
 # The implementation `make conformance` runs against, and the profiles to run
@@ -39,6 +42,14 @@ deps-generate:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	else echo "deps-generate: all of $(GENERATE_PKGS) installed"; fi
 
+## deps-cilium: install the clang the Cilium agent compiles its datapath with at run time
+deps-cilium:
+	@missing=$$(for p in $(CILIUM_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else echo "deps-cilium: all of $(CILIUM_PKGS) installed"; fi
+
 ## control-plane: build etcd, kube-apiserver, kube-controller-manager, kube-proxy once
 control-plane:
 	@topologies/binaries/build.sh control-plane
@@ -51,7 +62,12 @@ cni:
 kube-router:
 	@topologies/binaries/build.sh kube-router
 
-binaries: control-plane cni kube-router
+## cilium: build cilium-agent and cilium-cni (an eBPF dataplane peer, docs/cilium.md) once,
+## with the agent's BPF sources and CRDs, and install the clang it needs
+cilium: deps-cilium
+	@topologies/binaries/build.sh cilium
+
+binaries: control-plane cni kube-router cilium
 
 ## build: the project's own binaries into _output/bin
 build:
