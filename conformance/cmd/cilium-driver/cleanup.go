@@ -109,18 +109,6 @@ func (a *agent) Cleanup(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
-	tc, err := tcPrograms(ctx)
-	errs = append(errs, err)
-	for _, p := range tc {
-		errs = append(errs, p.detach(ctx))
-	}
-	if root, err := cgroup2Mount(); err == nil {
-		cg, err := cgroupPrograms(ctx, root)
-		errs = append(errs, err)
-		for _, p := range cg {
-			errs = append(errs, p.detach(ctx, root))
-		}
-	}
 	links, err := linkNames(ctx)
 	errs = append(errs, err)
 	for _, l := range links {
@@ -142,18 +130,49 @@ func (a *agent) Cleanup(ctx context.Context) error {
 		return err
 	}
 	// A link whose last reference was its pin is released by the kernel shortly
-	// after the unpin, and until then its program is still listed on its hook.
+	// after the unpin, and until then its program is still listed on its hook; a
+	// program still attached after that was attached without a link, and is
+	// detached here.
+	if left := a.settle(ctx, 2*time.Second); len(left) == 0 {
+		return nil
+	}
+	tc, err := tcPrograms(ctx)
+	errs = append(errs, err)
+	for _, p := range tc {
+		errs = append(errs, p.detach(ctx))
+	}
+	if root, err := cgroup2Mount(); err == nil {
+		cg, err := cgroupPrograms(ctx, root)
+		errs = append(errs, err)
+		for _, p := range cg {
+			errs = append(errs, p.detach(ctx, root))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	left := a.settle(ctx, 2*time.Second)
+	if len(left) > 0 {
+		return fmt.Errorf("state of Cilium's remains after cleanup: %s", strings.Join(left, ", "))
+	}
+	return nil
+}
+
+// settle waits up to d, or ctx, until nothing of Cilium's is left in the node, and
+// returns what is left.
+func (a *agent) settle(ctx context.Context, d time.Duration) []string {
+	deadline := time.Now().Add(d)
 	for {
 		left, err := a.Programmed(ctx)
 		if err != nil {
-			return err
+			left = append(left, "(error: "+err.Error()+")")
 		}
-		if len(left) == 0 {
-			return nil
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("state of Cilium's remains after cleanup: %s", strings.Join(left, ", "))
+			return left
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
