@@ -189,7 +189,7 @@ func (a *agent) Start(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("open the agent's log: %w", err)
 	}
 	defer log.Close()
-	cmd := exec.Command(a.Binary(), a.args(cgroupRoot)...)
+	cmd := exec.Command(a.Binary(), append(a.args(cgroupRoot), extraArgs()...)...)
 	cmd.Env = append(os.Environ(),
 		// The node's name: the host's hostname is not it.
 		"K8S_NODE_NAME="+a.Node,

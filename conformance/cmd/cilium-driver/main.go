@@ -9,7 +9,10 @@
 // Environment: DPC_NODE, DPC_NETNS, DPC_KUBECONFIG, DPC_STATE_DIR, DPC_TOPOLOGY as the
 // contract says; DPC_CILIUM_DIR (the directory `make cilium` fills: cilium-agent,
 // cni/cilium-cni, bpf/, crds/; default its cache directory); DPC_CILIUM_CLANG (the
-// clang the agent compiles its datapath with; default Debian's clang-19).
+// clang the agent compiles its datapath with; default Debian's clang-19);
+// DPC_CILIUM_AGENT_ARGS (flags appended to the agent's command line, for experiments:
+// the version info reports then names them, so that no report passes them off as
+// Cilium's defaults).
 package main
 
 import (
@@ -18,6 +21,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/dpconform/dpconform/fv/driver"
@@ -31,8 +35,9 @@ const Version = "v1.20.2"
 
 // Environment variables that override where the driver finds Cilium.
 const (
-	EnvDir   = "DPC_CILIUM_DIR"
-	EnvClang = "DPC_CILIUM_CLANG"
+	EnvDir       = "DPC_CILIUM_DIR"
+	EnvClang     = "DPC_CILIUM_CLANG"
+	EnvAgentArgs = "DPC_CILIUM_AGENT_ARGS"
 )
 
 // defaultClang is the clang Cilium's datapath is compiled with: v1.20 needs LLVM 18.1
@@ -78,9 +83,13 @@ var budgets = func() driver.Timeouts {
 }()
 
 func info(context.Context) (driver.Info, error) {
+	version := Version
+	if extra := extraArgs(); len(extra) > 0 {
+		version += " with " + strings.Join(extra, " ")
+	}
 	return driver.Info{
 		Name:     "cilium",
-		Version:  Version,
+		Version:  version,
 		Profiles: []string{"Core"},
 		Features: features,
 		CNI:      json.RawMessage(cniConfig),
@@ -100,6 +109,9 @@ func Dir() string {
 	}
 	return filepath.Join(controlplane.CacheDir(), "cilium", Version)
 }
+
+// extraArgs are the flags DPC_CILIUM_AGENT_ARGS appends to the agent's command line.
+func extraArgs() []string { return strings.Fields(os.Getenv(EnvAgentArgs)) }
 
 // Clang is the clang the agent compiles its datapath with.
 func Clang() string {
