@@ -10,6 +10,8 @@
 // contract says; DPC_CILIUM_DIR (the directory `make cilium` fills: cilium-agent,
 // cni/cilium-cni, bpf/, crds/; default its cache directory); DPC_CILIUM_CLANG (the
 // clang the agent compiles its datapath with; default Debian's clang-19);
+// DPC_CILIUM_OBJECT_CACHE (the directory of the agent's compile cache, or "off";
+// default ~/.cache/dpconform/cilium/objects: clangcache.go);
 // DPC_CILIUM_AGENT_ARGS (flags appended to the agent's command line, for experiments:
 // the version info reports then names them, so that no report passes them off as
 // Cilium's defaults).
@@ -65,6 +67,10 @@ const cniConfig = `{
 }`
 
 func main() {
+	// Run as the agent's clang (clangcache.go), through the wrapper Start links.
+	if filepath.Base(os.Args[0]) == clangName {
+		os.Exit(runClang(os.Args[1:]))
+	}
 	funcs := skel.AgentFuncs(agentFor, budgets)
 	funcs.Info = info
 	// No Events: Cilium's verdicts come from Hubble, which this driver does not run;
