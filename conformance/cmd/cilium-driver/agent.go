@@ -22,6 +22,10 @@ import (
 const (
 	LogFile = "cilium-agent.log"
 	PIDFile = "cilium-agent.pid"
+	// LibDir is the agent's --lib-dir: its datapath's C sources (bpf/), into which it
+	// writes the headers its feature probes generate. /var/lib/cilium, its default, is
+	// the host's.
+	LibDir = "lib"
 )
 
 // Where the agent lives inside a node. A node has its own /run (so /var/run) and its
@@ -33,13 +37,6 @@ const (
 	socketPath = runDir + "/cilium.sock"
 	shellPath  = runDir + "/shell.sock"
 	bpfRoot    = "/sys/fs/bpf"
-	// libDir is the agent's --lib-dir: its datapath's C sources (bpf/), into which it
-	// writes the headers its feature probes generate. /var/lib/cilium, its default, is
-	// the host's; this one is in the node's /run, so the node's own, and at the same
-	// path in every node of every run: the paths the compiler sees, and writes into
-	// the objects' debug information, are the same for the same datapath, which the
-	// compile cache needs to serve one run what another compiled (clangcache.go).
-	libDir = "/var/run/cilium-lib"
 )
 
 // Cluster facts of the netns topology (topologies/netns) the agent is told.
@@ -85,11 +82,11 @@ func (a *agent) checkInstall() error {
 	return errors.Join(errs...)
 }
 
-// identity are the arguments by which PID tells an agent of this run from any other
-// process: the run's kubeconfig, and the library directory only this driver gives.
-// Which node's agent it is, PID tells by the mount namespace.
+// identity are the arguments by which PID tells this node's agent from any other
+// process: the run's kubeconfig and the node's library directory, together unique to
+// a node of a run.
 func (a *agent) identity() []string {
-	return []string{"--k8s-kubeconfig-path=" + a.Kubeconfig, "--lib-dir=" + libDir}
+	return []string{"--k8s-kubeconfig-path=" + a.Kubeconfig, "--lib-dir=" + a.path(LibDir)}
 }
 
 // args is the agent's command line (docs/cilium.md explains each choice).
@@ -154,21 +151,7 @@ func (a *agent) PID() int {
 			return 0
 		}
 	}
-	// This node's: the driver runs inside the node, and so does its agent.
-	if !sameNamespace(pid, "mnt") {
-		return 0
-	}
 	return pid
-}
-
-// sameNamespace says whether process pid is in this process's namespace of the kind.
-func sameNamespace(pid int, kind string) bool {
-	self, err := os.Readlink("/proc/self/ns/" + kind)
-	if err != nil {
-		return false
-	}
-	other, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/%s", pid, kind))
-	return err == nil && other == self
 }
 
 // Start starts the agent in the node, in its own session, with stdout and stderr
@@ -206,7 +189,7 @@ func (a *agent) Start(ctx context.Context) (int, error) {
 		return 0, fmt.Errorf("open the agent's log: %w", err)
 	}
 	defer log.Close()
-	path, err := a.clangPath()
+	path, cache, err := a.clangPath()
 	if err != nil {
 		return 0, err
 	}
@@ -217,6 +200,7 @@ func (a *agent) Start(ctx context.Context) (int, error) {
 		// The agent runs `clang` from PATH; v1.20 needs LLVM 18.1 or later.
 		"PATH="+path,
 		EnvClang+"="+a.Clang,
+		EnvObjectCache+"="+cache,
 	)
 	cmd.Stdout, cmd.Stderr = log, log
 	// Its own session, so its own process group: it outlives the call that started it,
@@ -239,37 +223,39 @@ func (a *agent) Start(ctx context.Context) (int, error) {
 	return pid, nil
 }
 
-// clangPath is the agent's PATH: the directory of the clang it compiles with first,
-// and before it, unless the compile cache is off, the wrapper that serves the
-// compiles from the cache (clangcache.go): a link to this driver named clang.
-func (a *agent) clangPath() (string, error) {
-	path := filepath.Dir(a.Clang) + ":" + os.Getenv("PATH")
-	if ObjectCacheDir() == "" {
-		return path, nil
+// clangPath is the agent's PATH and its compile cache ("off" when off): the
+// directory of the clang it compiles with first, and before it, unless the cache is
+// off, the wrapper that serves the compiles from the cache (clangcache.go): a link
+// to this driver named clang.
+func (a *agent) clangPath() (path, cache string, err error) {
+	path = filepath.Dir(a.Clang) + ":" + os.Getenv("PATH")
+	cache = objectCacheDir(a.StateDir)
+	if cache == "" {
+		return path, "off", nil
 	}
 	self, err := os.Executable()
 	if err != nil {
-		return "", fmt.Errorf("the compile cache's clang wrapper: %w", err)
+		return "", "", fmt.Errorf("the compile cache's clang wrapper: %w", err)
 	}
 	dir := a.path(wrapperDir)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("the compile cache's clang wrapper: %w", err)
+		return "", "", fmt.Errorf("the compile cache's clang wrapper: %w", err)
 	}
 	link := filepath.Join(dir, clangName)
 	if err := os.Remove(link); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return "", fmt.Errorf("the compile cache's clang wrapper: %w", err)
+		return "", "", fmt.Errorf("the compile cache's clang wrapper: %w", err)
 	}
 	if err := os.Symlink(self, link); err != nil {
-		return "", fmt.Errorf("the compile cache's clang wrapper: %w", err)
+		return "", "", fmt.Errorf("the compile cache's clang wrapper: %w", err)
 	}
-	return dir + ":" + path, nil
+	return dir + ":" + path, cache, nil
 }
 
 // installLib copies the datapath's sources into the node's library directory, as
 // `make install-bpf` installs them into /var/lib/cilium/bpf, unless they are there.
 // Each node has its own: the agent writes the headers of its feature probes into it.
 func (a *agent) installLib() error {
-	dst := filepath.Join(libDir, "bpf")
+	dst := filepath.Join(a.path(LibDir), "bpf")
 	if _, err := os.Stat(dst); err == nil {
 		return nil
 	}

@@ -2,17 +2,19 @@ package main
 
 // The agent's compile cache.
 //
-// Cilium's agent compiles its datapath (bpf_sock.c, bpf_host.c, bpf_lxc.c) with clang
-// every time it starts: it removes its template directory at start-up, so a restart
-// compiles again what the last run compiled. Each compile takes ~10 s of a CPU, and
-// on a 2-core machine the compiles of two agents starve the suite's probes, which
-// then report stalls that are the compiler's, not the dataplane's; and a spec pays
-// them at every start (docs/cilium.md, "The compile cache").
+// Cilium's agent compiles its datapath (bpf_host.c, bpf_lxc.c) with clang every time
+// it starts: its template cache starts empty in every process and its directory is
+// removed, so a restart compiles again what the last process compiled, for the same
+// node. Each compile takes seconds of a CPU (10-13 s on a loaded 2-core machine), and
+// the compiles of a restart starve the suite's probes, which then report stalls that
+// are the compiler's, not the dataplane's (docs/cilium.md, "The compile cache").
 //
 // So the agent's `clang` is this driver (the multi-call wrapper at
 // $DPC_STATE_DIR/cilium-bin/clang), which serves a compile from a content-addressed
 // cache when it has compiled the same input before, and otherwise runs the real clang
-// and stores its output. The key is what determines the object: the real clang (its
+// and stores its output. The cache is the node's (in its state directory, gone with
+// the run): another node's or another run's input differs anyway, since Cilium
+// compiles the node's own netns cookie and router IP into its objects. The key is what determines the object: the real clang (its
 // path, size and modification time, as ccache's default compiler check), the working
 // directory, every argument, the environment variables clang reads, and the
 // preprocessed source (every header included, every macro expanded, every path in
@@ -38,28 +40,28 @@ import (
 	"strings"
 	"syscall"
 	"time"
-
-	"github.com/dpconform/dpconform/topologies/controlplane"
 )
 
 // EnvObjectCache is the compile cache's directory; "off" turns the cache off (the
-// agent then runs the real clang directly). Default: objects/ under the cache of
-// `make cilium`'s parent, shared by every run on the machine.
+// agent then runs the real clang directly). Default: objectsDir in the node's state
+// directory. The driver passes the directory to the wrapper in the agent's
+// environment.
 const EnvObjectCache = "DPC_CILIUM_OBJECT_CACHE"
 
-// Names of the wrapper: the directory in the node's state directory that goes first
-// on the agent's PATH, and the name the agent runs.
+// Names in the node's state directory: the wrapper's directory, which goes first on
+// the agent's PATH, and the cache's; and the name the agent runs.
 const (
 	wrapperDir = "cilium-bin"
+	objectsDir = "cilium-objects"
 	clangName  = "clang"
 )
 
 // cacheVersion changes when the key's composition does, so that old entries miss.
 const cacheVersion = "dpconform cilium clang cache v1"
 
-// Bounds of the cache: an entry unused for maxAge goes, and past maxBytes the least
-// recently used go until the cache is at 3/4 of it. One agent start stores three
-// objects of ~1-3 MB; a netns run's two nodes differ in their objects.
+// Bounds of the cache, for a directory that DPC_CILIUM_OBJECT_CACHE shares: an entry
+// unused for maxAge goes, and past maxBytes the least recently used go until the
+// cache is at 3/4 of it. One agent start stores three objects, ~2.6 MB in all.
 const (
 	maxBytes = 256 << 20
 	maxAge   = 14 * 24 * time.Hour
@@ -69,13 +71,14 @@ const (
 var clangEnv = []string{"CPATH", "C_INCLUDE_PATH", "CPLUS_INCLUDE_PATH", "OBJC_INCLUDE_PATH",
 	"CCC_OVERRIDE_OPTIONS", "SOURCE_DATE_EPOCH", "COMPILER_PATH", "TMPDIR"}
 
-// ObjectCacheDir is the compile cache's directory, or "" when it is off.
-func ObjectCacheDir() string {
+// objectCacheDir is the compile cache's directory for a node's state directory, or
+// "" when the cache is off.
+func objectCacheDir(stateDir string) string {
 	switch d := os.Getenv(EnvObjectCache); d {
 	case "off":
 		return ""
 	case "":
-		return filepath.Join(controlplane.CacheDir(), "cilium", "objects")
+		return filepath.Join(stateDir, objectsDir)
 	default:
 		return d
 	}
@@ -114,8 +117,8 @@ func runClang(args []string) int {
 		fmt.Fprintf(os.Stderr, "cilium-driver: %s=%s is this wrapper, not a clang\n", EnvClang, real)
 		return 2
 	}
-	dir := ObjectCacheDir()
-	if dir == "" || !cacheable(args) {
+	dir := os.Getenv(EnvObjectCache)
+	if dir == "" || dir == "off" || !cacheable(args) {
 		err := syscall.Exec(real, append([]string{real}, args...), os.Environ())
 		fmt.Fprintf(os.Stderr, "cilium-driver: exec %s: %v\n", real, err)
 		return 127

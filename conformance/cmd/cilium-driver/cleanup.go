@@ -84,7 +84,7 @@ func (a *agent) Programmed(ctx context.Context) ([]string, error) {
 	for _, c := range chains {
 		out = append(out, "iptables "+c)
 	}
-	for _, d := range []string{runDir, libDir, a.path(wrapperDir), a.path(PIDFile), a.path(LogFile)} {
+	for _, d := range []string{runDir, a.path(LibDir), a.path(wrapperDir), a.path(objectsDir), a.path(PIDFile), a.path(LogFile)} {
 		if _, err := os.Lstat(d); err == nil {
 			out = append(out, "file "+d)
 		}
@@ -122,7 +122,7 @@ func (a *agent) Cleanup(ctx context.Context) error {
 		}
 	}
 	errs = append(errs, removeChains(ctx))
-	for _, p := range []string{runDir, libDir, a.path(wrapperDir), a.path(PIDFile), a.path(LogFile)} {
+	for _, p := range []string{runDir, a.path(LibDir), a.path(wrapperDir), a.path(objectsDir), a.path(PIDFile), a.path(LogFile)} {
 		errs = append(errs, os.RemoveAll(p))
 	}
 	errs = append(errs, unguardHost())

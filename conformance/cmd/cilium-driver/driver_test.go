@@ -109,7 +109,7 @@ func hostState(ctx context.Context) map[string]string {
 		Expect(err).NotTo(HaveOccurred())
 		out[p] = strings.TrimSpace(string(data))
 	}
-	for _, p := range []string{"/sys/fs/bpf/tc", "/sys/fs/bpf/cilium", "/run/cilium", "/run/cilium-lib", "/var/lib/cilium"} {
+	for _, p := range []string{"/sys/fs/bpf/tc", "/sys/fs/bpf/cilium", "/run/cilium", "/var/lib/cilium"} {
 		_, err := os.Lstat(p)
 		out[p] = fmt.Sprint("exists: ", err == nil)
 	}

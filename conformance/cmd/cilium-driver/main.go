@@ -11,7 +11,7 @@
 // cni/cilium-cni, bpf/, crds/; default its cache directory); DPC_CILIUM_CLANG (the
 // clang the agent compiles its datapath with; default Debian's clang-19);
 // DPC_CILIUM_OBJECT_CACHE (the directory of the agent's compile cache, or "off";
-// default ~/.cache/dpconform/cilium/objects: clangcache.go);
+// default cilium-objects/ in the node's state directory: clangcache.go);
 // DPC_CILIUM_AGENT_ARGS (flags appended to the agent's command line, for experiments:
 // the version info reports then names them, so that no report passes them off as
 // Cilium's defaults).
