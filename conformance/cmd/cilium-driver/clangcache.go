@@ -14,11 +14,12 @@ package main
 // cache when it has compiled the same input before, and otherwise runs the real clang
 // and stores its output. The cache is the node's (in its state directory, gone with
 // the run): another node's or another run's input differs anyway, since Cilium
-// compiles the node's own netns cookie and router IP into its objects. The key is what determines the object: the real clang (its
-// path, size and modification time, as ccache's default compiler check), the working
-// directory, every argument, the environment variables clang reads, and the
-// preprocessed source (every header included, every macro expanded, every path in
-// its line markers). Identical input gives an identical object, so a hit hands the
+// compiles the node's own netns cookie and router IP into its objects.
+//
+// The key is what determines the object: the real clang (its path, size and
+// modification time, as ccache's default compiler check), the working directory,
+// every argument, the environment variables clang reads, and the preprocessed source
+// (every header included, every macro expanded, every path in its line markers). Identical input gives an identical object, so a hit hands the
 // agent the bytes clang would have written: it changes how long a start takes, never
 // what the agent loads. ccache does this, but refuses output to stdout (`-o -`),
 // which is how Cilium compiles.
