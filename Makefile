@@ -11,10 +11,13 @@ BIN := $(OUT)/bin
 RUNTIME_PKGS := iptables nftables iproute2 conntrack util-linux kmod bpftool ipset
 GENERATE_PKGS := clang llvm libbpf-dev
 KIND_PKGS := docker.io debootstrap
+# The Cilium agent compiles its datapath with clang at run time and needs LLVM >= 18.1
+# (Debian 12's default clang is 14); its driver runs /usr/lib/llvm-19/bin/clang.
+CILIUM_PKGS := clang-19
 
-.PHONY: all deps deps-generate deps-kind deps-browser control-plane cni kube-router \
-        kind-node-binaries binaries build test lint bench conformance kind-image \
-        kind-conformance selftest generate docs cleanup clean
+.PHONY: all deps deps-generate deps-kind deps-browser deps-cilium control-plane cni \
+        kube-router cilium kind-node-binaries binaries build test lint bench conformance \
+        kind-image kind-conformance selftest peers-cilium generate docs cleanup clean
 
 # The implementation `make conformance` runs against, and the profiles to run
 # (default: every profile it claims).
@@ -60,6 +63,14 @@ deps-browser:
 		echo "installing: chromium"; \
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi
 
+## deps-cilium: install the clang the Cilium agent compiles its datapath with at run time
+deps-cilium:
+	@missing=$$(for p in $(CILIUM_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	else echo "deps-cilium: all of $(CILIUM_PKGS) installed"; fi
+
 ## control-plane: build etcd, kube-apiserver, kube-controller-manager, kube-proxy once
 control-plane:
 	@topologies/binaries/build.sh control-plane
@@ -72,11 +83,16 @@ cni:
 kube-router:
 	@topologies/binaries/build.sh kube-router
 
+## cilium: build cilium-agent and cilium-cni (an eBPF dataplane peer, docs/cilium.md) once,
+## with the agent's BPF sources and CRDs, and install the clang it needs
+cilium: deps-cilium
+	@topologies/binaries/build.sh cilium
+
 ## kind-node-binaries: build kubelet, kubeadm, kubectl, kube-scheduler once (beside the control plane)
 kind-node-binaries:
 	@topologies/binaries/build.sh kind-node
 
-binaries: control-plane cni kube-router
+binaries: control-plane cni kube-router cilium
 
 ## kind-image: build the kind node image offline once (README: the kind topology)
 kind-image: deps-kind control-plane kind-node-binaries
@@ -125,6 +141,10 @@ selftest: deps binaries
 ## docs: write docs/specs.md from the spec registry (a test fails when it differs)
 docs:
 	$(GO) run ./conformance/cmd/dpconform specs --markdown > docs/specs.md.new && mv docs/specs.md.new docs/specs.md
+
+## peers-cilium: the Core profile against real Cilium (opt-in, not in make test: docs/cilium.md)
+peers-cilium: deps binaries
+	DPC_PEERS_CILIUM=1 $(GO) test -count=1 -timeout 40m ./conformance/peers/ -ginkgo.focus cilium -ginkgo.v
 
 ## cleanup: remove what killed runs left behind (netns and kind)
 cleanup: build

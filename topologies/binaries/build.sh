@@ -5,6 +5,8 @@
 #   build.sh control-plane   etcd, kube-apiserver, kube-controller-manager, kube-proxy
 #   build.sh cni             ptp, host-local, loopback
 #   build.sh kube-router     kube-router (a NetworkPolicy peer; its own module, kube-router/)
+#   build.sh cilium          cilium-agent, cilium-cni, the agent's BPF sources and CRDs (an
+#                            eBPF dataplane peer; its own module, cilium/)
 #   build.sh kind-node       kubelet, kubeadm, kubectl, kube-scheduler (for the kind node
 #                            image, beside the control plane: same version, same directory)
 #   build.sh dir             print the cache directory (builds nothing)
@@ -24,6 +26,9 @@ cnidir="$root/cni/plugins-$cni"
 # kube-router is built from a module of its own (kube-router/go.mod says why).
 kr=$(cd kube-router && ver github.com/cloudnativelabs/kube-router/v2)
 krdir="$root/kube-router/$kr"
+# Cilium too (cilium/go.mod says why).
+cil=$(cd cilium && ver github.com/cilium/cilium)
+cildir="$root/cilium/$cil"
 
 # progress NAME START: reads `go build -v` output, prints a line every 100 packages
 # and every line that is not a package path (compiler errors, "# pkg" headers).
@@ -108,13 +113,62 @@ kube-router)
 	CGO_ENABLED=0 build kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router "$krdir" \
 		"-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$kr"
 	;;
+cilium)
+	# As Cilium's own Makefile builds them (Makefile.defs: CGO_ENABLED=0, -tags osusergo,
+	# the version stamped in). Besides the two binaries the agent needs, at run time, the
+	# C sources of its datapath, which it compiles with clang when it starts (`make
+	# install-bpf` puts them in /var/lib/cilium/bpf; the driver copies them into each
+	# node's --lib-dir), and its CRDs, which its operator would register (the driver
+	# registers them). Both are taken from the same module the binaries are built from.
+	echo "cilium $cil -> $cildir (takes ~6 min and ~3 GB of memory on 2 cores the first time)"
+	cd cilium
+	src=$(go list -m -f '{{.Dir}}' github.com/cilium/cilium)
+	if [ -z "$src" ] || [ ! -d "$src/bpf" ]; then
+		go mod download github.com/cilium/cilium
+		src=$(go list -m -f '{{.Dir}}' github.com/cilium/cilium)
+	fi
+	export GOFLAGS="$(go env GOFLAGS) -tags=osusergo"
+	# "VERSION REVISION DATE", the form pkg/version parses; a module has no commit, so the
+	# tag stands for the revision and the module's time for the date.
+	cv="${cil#v} $cil $(go list -m -f '{{.Time.Format "2006-01-02T15:04:05Z07:00"}}' github.com/cilium/cilium)"
+	CGO_ENABLED=0 build cilium-agent github.com/cilium/cilium/daemon "$cildir" \
+		"-X 'github.com/cilium/cilium/pkg/version.ciliumVersion=$cv'"
+	# Its own directory: a driver names it as its CNI plugin directory (info.cni_dir).
+	CGO_ENABLED=0 build cilium-cni github.com/cilium/cilium/plugins/cilium-cni "$cildir/cni" \
+		"-X 'github.com/cilium/cilium/pkg/version.ciliumVersion=$cv'"
+	# Copied into a temporary directory and renamed, like the binaries. The module
+	# cache is read-only; the copies are made writable, as an install would make them.
+	for d in bpf crds; do
+		if [ -d "$cildir/$d" ]; then
+			echo "  $d: cached at $cildir/$d"
+			continue
+		fi
+		rm -rf "$cildir/.$d.tmp"
+		mkdir -p "$cildir/.$d.tmp"
+		case $d in
+		bpf)
+			# What `make install-bpf` installs: bpf/ without its tests and build files.
+			(cd "$src/bpf" && find . -type f ! -path './tests/*' ! -path './complexity-tests/*' \
+				! -path './custom/*' ! -name 'Makefile*' ! -name '.gitignore' -print0 |
+				xargs -0 cp --parents -t "$cildir/.$d.tmp")
+			;;
+		crds)
+			cp "$src"/pkg/k8s/apis/cilium.io/client/crds/*/*.yaml "$cildir/.$d.tmp"
+			;;
+		esac
+		chmod -R u+w "$cildir/.$d.tmp"
+		mv "$cildir/.$d.tmp" "$cildir/$d"
+		echo "  $d: $(find "$cildir/$d" -type f | wc -l) files at $cildir/$d"
+	done
+	;;
 dir)
 	echo "$cpdir"
 	echo "$cnidir"
 	echo "$krdir"
+	echo "$cildir"
 	;;
 *)
-	echo "usage: $0 control-plane|cni|kube-router|kind-node|dir" >&2
+	echo "usage: $0 control-plane|cni|kube-router|cilium|kind-node|dir" >&2
 	exit 2
 	;;
 esac

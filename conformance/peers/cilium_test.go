@@ -1,0 +1,88 @@
+package peers
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/internal/buildbin"
+)
+
+// knownCilium lists the documented Cilium behaviours a Core spec may fail on, by the
+// kinds of failure they show (docs/cilium.md, "Conformance results", with the
+// evidence): Cilium v1.20.2 with its defaults serves a NodePort on each device's
+// primary address only (--nodeport-addresses unset), so a SYN to an address added to
+// the node's interface reaches the host's stack, which resets it; and it terminates
+// the sockets connected to a deleted backend for UDP only (TCP too with the hidden
+// --lb-sock-terminate-all-protos), so the TCP streams of a backend that vanished
+// without closing them hang. A new failure is either a real behaviour of Cilium, to be
+// documented here and there, or a defect of the suite.
+// EnvPeersCilium=1 runs the Core profile against Cilium (make peers-cilium).
+const EnvPeersCilium = "DPC_PEERS_CILIUM"
+
+var knownCilium = map[string][]conformance.FailureKind{
+	"NODE-ADDRESS-CHANGE": {matchers.KindReset},
+	"SVC-ENDPOINT-VANISH": {matchers.KindHang},
+}
+
+// The Core profile against the Cilium agent (v1.20.2, built by `make cilium`) with its
+// kube-proxy replacement and CNI plugin, through conformance/cmd/cilium-driver. The
+// driver is built only if there is a Core spec to run.
+var _ = Describe("cilium", Ordered, ContinueOnFailure, func() {
+	var ciliumDriver string
+	BeforeAll(func(ctx SpecContext) {
+		// Opt-in, and so out of make test, while RESTART-ESTABLISHED against Cilium
+		// shows an all-streams stall of 200-450 ms in some runs whose cause is not
+		// established (docs/cilium.md): neither a tolerance for it nor a red CI.
+		if os.Getenv(EnvPeersCilium) != "1" {
+			Skip("Cilium's Core run is opt-in: " + EnvPeersCilium + "=1 (make peers-cilium); docs/cilium.md says why it is not in make test")
+		}
+		bins, err := buildbin.Build(ctx, GinkgoT().TempDir(), "conformance/cmd/cilium-driver")
+		Expect(err).NotTo(HaveOccurred())
+		ciliumDriver = bins["cilium-driver"]
+	}, NodeTimeout(5*time.Minute))
+
+	for _, s := range conformance.Specs() {
+		if s.Profile != conformance.Core {
+			continue
+		}
+		It("passes "+s.ID, func(ctx SpecContext) {
+			d, err := driver.NewExec(ciliumDriver, driver.DefaultTimeouts)
+			Expect(err).NotTo(HaveOccurred())
+			prog, err := probe.Self()
+			Expect(err).NotTo(HaveOccurred())
+			// SVC-SNAT-PRESSURE's churn at 15 s, as for kube-proxy and in the
+			// self-test: to keep make test within its time.
+			b := conformance.DefaultBudgets
+			b.SNATChurn = 15 * time.Second
+			r, err := conformance.NewRunner(ctx, conformance.Config{
+				Driver: d, Probe: prog, Budgets: b, ControlPlanes: controlPlanes,
+				OutputDir: filepath.Join("..", "..", "_output", "cilium", s.ID),
+				Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
+			})
+			Expect(err).NotTo(HaveOccurred())
+			begin := time.Now()
+			res := r.Run(ctx, s)
+			AddReportEntry("duration", time.Since(begin).Round(time.Second).String())
+			GinkgoWriter.Printf("%s against cilium: %s %s\n", s.ID, res.Result, res.Reason)
+			if res.Result == conformance.Failed {
+				known := knownCilium[s.ID]
+				for _, k := range res.FailedKinds() {
+					Expect(known).To(ContainElement(k), "%s failed against Cilium in a way docs/cilium.md does not document: %s\n%s", s.ID, res.Reason, res.Message)
+				}
+				AddReportEntry("known Cilium behaviour", res.Reason)
+				return
+			}
+			Expect(res.Result).To(Equal(conformance.Passed), "%s: %s\n%s", res.Result, res.Reason, res.Message)
+			Expect(slices.ContainsFunc(res.Checks, func(c conformance.CheckResult) bool { return !c.Pre })).To(BeTrue(), "a pass with no check is no pass")
+		}, SpecTimeout(8*time.Minute))
+	}
+})
