@@ -5,6 +5,8 @@
 #   build.sh control-plane   etcd, kube-apiserver, kube-controller-manager, kube-proxy
 #   build.sh cni             ptp, host-local, loopback
 #   build.sh kube-router     kube-router (a NetworkPolicy peer; its own module, kube-router/)
+#   build.sh actionlint      actionlint (lints the vendors' workflows in ci/; its own module,
+#                            actionlint/)
 #   build.sh kind-node       kubelet, kubeadm, kubectl, kube-scheduler (for the kind node
 #                            image, beside the control plane: same version, same directory)
 #   build.sh dir             print the cache directory (builds nothing)
@@ -24,6 +26,8 @@ cnidir="$root/cni/plugins-$cni"
 # kube-router is built from a module of its own (kube-router/go.mod says why).
 kr=$(cd kube-router && ver github.com/cloudnativelabs/kube-router/v2)
 krdir="$root/kube-router/$kr"
+al=$(cd actionlint && ver github.com/rhysd/actionlint)
+aldir="$root/actionlint/$al"
 
 # progress NAME START: reads `go build -v` output, prints a line every 100 packages
 # and every line that is not a package path (compiler errors, "# pkg" headers).
@@ -108,13 +112,19 @@ kube-router)
 	CGO_ENABLED=0 build kube-router github.com/cloudnativelabs/kube-router/v2/cmd/kube-router "$krdir" \
 		"-X github.com/cloudnativelabs/kube-router/v2/pkg/version.Version=$kr"
 	;;
+actionlint)
+	echo "actionlint $al -> $aldir"
+	cd actionlint
+	CGO_ENABLED=0 build actionlint github.com/rhysd/actionlint/cmd/actionlint "$aldir" "-X github.com/rhysd/actionlint.version=$al"
+	;;
 dir)
 	echo "$cpdir"
 	echo "$cnidir"
 	echo "$krdir"
+	echo "$aldir"
 	;;
 *)
-	echo "usage: $0 control-plane|cni|kube-router|kind-node|dir" >&2
+	echo "usage: $0 control-plane|cni|kube-router|actionlint|kind-node|dir" >&2
 	exit 2
 	;;
 esac

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/topologies"
+	"github.com/dpconform/dpconform/topologies/cluster"
 	"github.com/dpconform/dpconform/topologies/kind"
 	"github.com/dpconform/dpconform/topologies/kind/dockerd"
 	"github.com/dpconform/dpconform/topologies/netns"
@@ -24,21 +25,28 @@ const usage = `dpconform: conformance of Kubernetes dataplanes across transition
 
 usage:
   dpconform run --driver PATH [--profiles Core,...] [--output DIR] [--repeat N]
-                [--topology netns|kind]
+                [--topology netns|kind|cluster] [--kubeconfig K ...]
                                        run the suite against an implementation's driver
-                                       (each spec N times: it passes only if all N pass)
+                                       (each spec N times: it passes only if all N pass);
+                                       cluster: an existing cluster (docs/certification.md)
   dpconform specs                      list the spec catalogue
   dpconform cleanup [--run ID ...] [--images]
                                        remove what killed runs left behind, netns and
                                        kind (idempotent); --images: the kind images too
+  dpconform cleanup --kubeconfig K [--run ID ...]
+                                       remove what killed cluster runs left on that
+                                       cluster (by their run label; spares live runs)
   dpconform topology up [flags]        bring a netns topology up and hold it until ^C
   dpconform probe ROLE [flags]         a traffic probe (the suite runs it in namespaces)
   dpconform pause                      wait for SIGTERM (the kind topology's pods and
                                        external client run it; probes join them)
+  dpconform node-op OP ARGS...         a node's network operation, in the cluster
+                                       topology's helper pods (topologies/cluster)
 `
 
 func main() {
 	dockerd.RuntimeWrapperMain()
+	cluster.RunExecHelperIfChild()
 	probe.RunIfChild()
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
@@ -54,6 +62,8 @@ func main() {
 		os.Exit(probe.Main(os.Args[2:]))
 	case "pause":
 		pause()
+	case "node-op":
+		err = cluster.NodeOp(os.Args[2:], os.Stdout)
 	case "cleanup":
 		err = cleanup(os.Args[2:])
 	case "topology":
@@ -91,13 +101,17 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 func cleanup(args []string) error {
 	fs := flag.NewFlagSet("cleanup", flag.ExitOnError)
 	var runs multiFlag
-	fs.Var(&runs, "run", "a netns run ID to remove even if its owner is alive (repeatable); default: every run whose owner is gone")
+	fs.Var(&runs, "run", "a run ID to remove even if its owner is alive (repeatable); default: every run whose owner is gone")
 	images := fs.Bool("images", false, "also remove the images the kind topology built (node image and the rest): the next kind run rebuilds them")
+	kubeconfig := fs.String("kubeconfig", "", "remove killed cluster runs' objects from this cluster instead (namespaces and cluster-scoped objects labelled "+cluster.RunLabel+")")
 	fs.Parse(args)
+	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
+	if *kubeconfig != "" {
+		return cluster.Cleanup(context.Background(), cluster.CleanupOptions{Kubeconfig: *kubeconfig, Runs: runs, Logf: logf})
+	}
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("cleanup removes network namespaces, links and mounts: run it as root")
 	}
-	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
 	removed, err := netns.Cleanup(netns.CleanupOptions{RunIDs: runs, Logf: logf})
 	if len(removed) == 0 && err == nil {
 		fmt.Println("netns: nothing to clean up")
