@@ -36,9 +36,9 @@ import (
 
 	"github.com/dpconform/dpconform/internal/proc"
 	"github.com/dpconform/dpconform/topologies"
-	"github.com/dpconform/dpconform/topologies/kubeobj"
 	"github.com/dpconform/dpconform/topologies/kind/dockerd"
 	"github.com/dpconform/dpconform/topologies/kind/nodeimage"
+	"github.com/dpconform/dpconform/topologies/kubeobj"
 )
 
 // RunPrefix starts every kind run's ID (and so its cluster's, network's and

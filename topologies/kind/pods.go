@@ -21,8 +21,8 @@ import (
 
 	"github.com/dpconform/dpconform/internal/proc"
 	"github.com/dpconform/dpconform/topologies"
-	"github.com/dpconform/dpconform/topologies/kubeobj"
 	"github.com/dpconform/dpconform/topologies/kind/nodeimage"
+	"github.com/dpconform/dpconform/topologies/kubeobj"
 )
 
 // NotReadyCondition is the readiness gate of a pod added with PodSpec.NotReady: no one

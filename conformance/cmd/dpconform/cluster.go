@@ -16,7 +16,7 @@ import (
 // clusterOptions are the flags of `dpconform run --topology cluster`.
 type clusterOptions struct {
 	kubeconfig, selector, externalAddress, externalNode, image, path string
-	spares                                                          multiFlag
+	spares                                                           multiFlag
 }
 
 func (o *clusterOptions) flags(fs *flag.FlagSet) {
