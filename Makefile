@@ -13,8 +13,8 @@ GENERATE_PKGS := clang llvm libbpf-dev
 KIND_PKGS := docker.io debootstrap
 
 .PHONY: all deps deps-generate deps-kind control-plane cni kube-router kind-node-binaries \
-        binaries build test lint bench conformance kind-image kind-conformance selftest \
-        generate cleanup clean
+        binaries build test lint lint-ci actionlint bench conformance kind-image kind-conformance \
+        selftest generate cleanup clean
 
 # The implementation `make conformance` runs against, and the profiles to run
 # (default: every profile it claims).
@@ -72,6 +72,19 @@ kind-node-binaries:
 
 binaries: control-plane cni kube-router
 
+## actionlint: build actionlint (its own module, topologies/binaries/actionlint) once
+actionlint:
+	@topologies/binaries/build.sh actionlint
+
+ACTIONLINT = $(lastword $(shell topologies/binaries/build.sh dir))/actionlint
+
+## lint-ci: lint the vendors' workflows in ci/github with actionlint, offline (its
+## shellcheck and pyflakes integrations off), and require it to reject a broken one
+lint-ci: actionlint
+	$(ACTIONLINT) -shellcheck= -pyflakes= ci/github/*.yml
+	@if $(ACTIONLINT) -shellcheck= -pyflakes= ci/github/testdata/broken.yml >/dev/null; then \
+		echo "lint-ci: actionlint accepted ci/github/testdata/broken.yml, which has known defects"; exit 1; fi
+
 ## kind-image: build the kind node image offline once (README: the kind topology)
 kind-image: deps-kind control-plane kind-node-binaries
 	@nice -n 19 $(GO) run ./topologies/kind/cmd/kind-image
@@ -93,8 +106,9 @@ lint:
 	$(GO) tool staticcheck ./...
 
 ## test: everything that proves the project (privileged tests need root), then the
-## Core profile against the reference on a 2-node kind cluster
-test: deps deps-generate binaries kind-image lint
+## Core profile against the reference on a 2-node kind cluster, and on the same
+## cluster through the cluster topology
+test: deps deps-generate binaries kind-image lint lint-ci
 	$(GO) test -count=1 -p 1 -timeout 60m ./...
 	$(MAKE) kind-conformance
 
@@ -107,9 +121,14 @@ conformance: deps binaries build
 	$(BIN)/dpconform run --driver $(DRIVER) $(if $(PROFILES),--profiles $(PROFILES)) --output $(OUT)/conformance
 
 ## kind-conformance: the Core profile (PROFILES) against DRIVER on a 2-node kind cluster:
-## cluster up, suite, report in _output/kind-conformance, cluster down (also on failure)
+## cluster up, suite (report in _output/kind-conformance), then the suite again on the
+## same cluster as an existing one, known by its kubeconfig alone (--topology cluster,
+## report in _output/cluster-conformance), cluster down (also on failure)
 kind-conformance: deps deps-kind binaries kind-image build
-	$(BIN)/dpconform run --topology kind --driver $(DRIVER) --profiles $(or $(PROFILES),Core) --output $(OUT)/kind-conformance -v
+	$(BIN)/dpconform run --topology kind --driver $(DRIVER) --profiles $(or $(PROFILES),Core) --output $(OUT)/kind-conformance -v \
+		--kind-then '$(CURDIR)/$(BIN)/dpconform run --topology cluster --kubeconfig "$$DPC_KIND_KUBECONFIG" \
+			--external-address "$$DPC_KIND_HOST_ADDRESS" --spare-address "$$DPC_KIND_SPARE_ADDRESSES" \
+			--driver $(DRIVER) --profiles $(or $(PROFILES),Core) --output $(OUT)/cluster-conformance -v'
 
 ## selftest: every spec passes against the clean reference and fails against each fault it names
 selftest: deps binaries
