@@ -123,10 +123,14 @@ conformance: deps binaries build
 ## kind-conformance: the Core profile (PROFILES) against DRIVER on a 2-node kind cluster:
 ## cluster up, suite (report in _output/kind-conformance), then the suite again on the
 ## same cluster as an existing one, known by its kubeconfig alone (--topology cluster,
-## report in _output/cluster-conformance), cluster down (also on failure)
+## report in _output/cluster-conformance) after the cluster provider's own tests, cluster
+## down (also on failure)
 kind-conformance: deps deps-kind binaries kind-image build
+	$(GO) test -c -o $(OUT)/cluster.test ./topologies/cluster/
 	$(BIN)/dpconform run --topology kind --driver $(DRIVER) --profiles $(or $(PROFILES),Core) --output $(OUT)/kind-conformance -v \
-		--kind-then '$(CURDIR)/$(BIN)/dpconform run --topology cluster --kubeconfig "$$DPC_KIND_KUBECONFIG" \
+		--kind-then 'DPC_CLUSTER_KUBECONFIG="$$DPC_KIND_KUBECONFIG" DPC_CLUSTER_DPCONFORM=$(CURDIR)/$(BIN)/dpconform \
+			$(CURDIR)/$(OUT)/cluster.test -test.count=1 -test.v -test.timeout 15m && \
+			$(CURDIR)/$(BIN)/dpconform run --topology cluster --kubeconfig "$$DPC_KIND_KUBECONFIG" \
 			--external-address "$$DPC_KIND_HOST_ADDRESS" --spare-address "$$DPC_KIND_SPARE_ADDRESSES" \
 			--driver $(DRIVER) --profiles $(or $(PROFILES),Core) --output $(OUT)/cluster-conformance -v'
 
