@@ -230,7 +230,11 @@ func Open(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	if _, err := c.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
-		Name: c.namespace, Labels: map[string]string{RunLabel: c.runID}, Annotations: map[string]string{OwnerAnnotation: owner},
+		Name: c.namespace, Annotations: map[string]string{OwnerAnnotation: owner},
+		// The helpers and a DaemonSet agent are privileged pods on the host's network:
+		// where Pod Security admission enforces a level by default, the run's
+		// namespace asks for the one they need.
+		Labels: map[string]string{RunLabel: c.runID, "pod-security.kubernetes.io/enforce": "privileged"},
 	}}, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("create the run's namespace %s: %w", c.namespace, err)
 	}
