@@ -196,8 +196,8 @@ func TestOwnerAlive(t *testing.T) {
 	}{
 		{me, true},
 		{strings.Replace(me, "/1/", "/999999999/", 1), false}, // no such process
-		{me + "0", false},                   // PID 1, another start
-		{"other-host/1/1", true},            // not checkable here: spared
+		{me + "0", false},        // PID 1, another start
+		{"other-host/1/1", true}, // not checkable here: spared
 		{"garbage", false},
 	} {
 		if got := ownerAlive(tc.owner); got != tc.want {
