@@ -136,64 +136,37 @@ func (c clusterEnv) rbac(ctx context.Context) error {
 	return nil
 }
 
-// clusterDaemonSet is refdp's DaemonSet on a cluster: privileged on the node's
-// network with its bpffs and xtables lock, the status file in the pod's own
-// directory, one PID namespace for the pod (kill reaches the agent).
+// daemonSet is refdp's DaemonSet on a cluster: the kind mode's (privileged on the
+// node's network with its bpffs and xtables lock), in the run's namespace with a
+// service account instead of a kubeconfig, the status file in the pod's own
+// directory, read by a readiness probe, and one PID namespace for the pod (kill
+// reaches the agent).
 func (c clusterEnv) daemonSet(image, host, port string, fl []string) *appsv1.DaemonSet {
-	labels := map[string]string{"app": kindName}
+	ds := daemonSet(c.Node, image, fl)
+	ds.Namespace = c.namespace
+	spec := &ds.Spec.Template.Spec
+	spec.NodeSelector = map[string]string{clusterNodeLabel: c.Run}
+	spec.ShareProcessNamespace = ptr.To(true)
+	spec.ServiceAccountName = kindName
 	cmd := []string{kindAgentPath, "run", "--node", "$(NODE_NAME)", "--in-cluster", "--bpffs", "/sys/fs/bpf", "--state-dir", clusterStateDir}
 	for _, f := range fl {
 		cmd = append(cmd, "--fault", f)
 	}
-	hostPath := func(name, path string, t corev1.HostPathType) corev1.Volume {
-		return corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: &t}}}
+	ctr := &spec.Containers[0]
+	ctr.Command = cmd
+	ctr.ImagePullPolicy = corev1.PullIfNotPresent
+	// Not the Service's ClusterIP: refdp is what serves it.
+	ctr.Env = append(ctr.Env, corev1.EnvVar{Name: "KUBERNETES_SERVICE_HOST", Value: host}, corev1.EnvVar{Name: "KUBERNETES_SERVICE_PORT", Value: port})
+	ctr.ReadinessProbe = &corev1.Probe{
+		ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/bin/sh", "-c",
+			fmt.Sprintf(`grep -q '"ready":true' %s/%s`, clusterStateDir, agent.StatusFile)}}},
+		PeriodSeconds: 1, FailureThreshold: 1, SuccessThreshold: 1, TimeoutSeconds: 5,
 	}
-	ready := fmt.Sprintf(`grep -q '"ready":true' %s/%s`, clusterStateDir, agent.StatusFile)
-	return &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Name: kindName, Namespace: c.namespace, Labels: labels},
-		Spec: appsv1.DaemonSetSpec{
-			Selector: &metav1.LabelSelector{MatchLabels: labels},
-			Template: corev1.PodTemplateSpec{
-				ObjectMeta: metav1.ObjectMeta{Labels: labels},
-				Spec: corev1.PodSpec{
-					NodeSelector:                  map[string]string{clusterNodeLabel: c.Run},
-					HostNetwork:                   true,
-					ShareProcessNamespace:         ptr.To(true),
-					ServiceAccountName:            kindName,
-					Tolerations:                   []corev1.Toleration{{Operator: corev1.TolerationOpExists}},
-					TerminationGracePeriodSeconds: ptr.To[int64](30),
-					Containers: []corev1.Container{{
-						Name:            kindName,
-						Image:           image,
-						ImagePullPolicy: corev1.PullIfNotPresent,
-						Command:         cmd,
-						Env: []corev1.EnvVar{
-							{Name: "NODE_NAME", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "spec.nodeName"}}},
-							{Name: "DPC_RUN", Value: c.Run},
-							// Not the Service's ClusterIP: refdp is what serves it.
-							{Name: "KUBERNETES_SERVICE_HOST", Value: host},
-							{Name: "KUBERNETES_SERVICE_PORT", Value: port},
-						},
-						ReadinessProbe: &corev1.Probe{
-							ProbeHandler:  corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/bin/sh", "-c", ready}}},
-							PeriodSeconds: 1, FailureThreshold: 1, SuccessThreshold: 1, TimeoutSeconds: 5,
-						},
-						SecurityContext: &corev1.SecurityContext{Privileged: ptr.To(true)},
-						VolumeMounts: []corev1.VolumeMount{
-							{Name: "bpffs", MountPath: "/sys/fs/bpf"},
-							{Name: "xtables-lock", MountPath: "/run/xtables.lock"},
-							{Name: "state", MountPath: clusterStateDir},
-						},
-					}},
-					Volumes: []corev1.Volume{
-						hostPath("bpffs", "/sys/fs/bpf", corev1.HostPathDirectory),
-						hostPath("xtables-lock", "/run/xtables.lock", corev1.HostPathFileOrCreate),
-						{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
-					},
-				},
-			},
-		},
-	}
+	// The run's directories are on the suite's machine, not on the nodes.
+	ctr.VolumeMounts = ctr.VolumeMounts[:2]
+	ctr.VolumeMounts = append(ctr.VolumeMounts, corev1.VolumeMount{Name: "state", MountPath: clusterStateDir})
+	spec.Volumes = append(spec.Volumes[:2], corev1.Volume{Name: "state", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+	return ds
 }
 
 func (c clusterEnv) labelNode(ctx context.Context, on bool) error {
