@@ -42,6 +42,7 @@ func run(args []string) error {
 	fs.Func("budget", "override a budget, name=value (repeatable; budgets: "+strings.Join(conformance.BudgetNames(), ", ")+")", budgets.Set)
 	topology := fs.String("topology", "netns", "where the specs run: netns (network namespaces on this host), kind (a 2-node kind cluster on the project's dockerd, made once for the run) or cluster (an existing cluster, --kubeconfig); see docs/certification.md")
 	kindImage := fs.String("kind-image", "", "the kind node image (default: DPC_KIND_IMAGE, else the one `make kind-image` builds)")
+	kindNodes := fs.Int("kind-nodes", kind.DefaultNodes, "kind: the number of nodes (the specs use the first two; a third serves --kind-then's cluster run as the external client's node)")
 	kindThen := fs.String("kind-then", "", "kind: a shell command to run after the suite, while the cluster is still up, with DPC_KIND_KUBECONFIG, DPC_KIND_HOST_ADDRESS (this machine as the nodes reach it) and DPC_KIND_SPARE_ADDRESSES (node=IP,...) set; its failure fails the run (make kind-conformance runs the cluster topology on the same cluster this way)")
 	var co clusterOptions
 	co.flags(fs)
@@ -90,7 +91,7 @@ func run(args []string) error {
 	}
 	var kt *kindTopologies
 	if *topology == "kind" {
-		kt = &kindTopologies{probe: self, image: *kindImage, logf: cfg.Logf}
+		kt = &kindTopologies{probe: self, image: *kindImage, nodes: *kindNodes, logf: cfg.Logf}
 		defer kt.Close()
 		cfg.NewTopology = kt.New
 	}
@@ -139,6 +140,7 @@ func run(args []string) error {
 // (with the implementation's CNI), and gives each spec a view of it.
 type kindTopologies struct {
 	probe, image string
+	nodes        int
 	logf         func(string, ...any)
 	cluster      *kind.Cluster
 }
@@ -147,7 +149,7 @@ func (k *kindTopologies) prepare(ctx context.Context, info driver.Info) error {
 	if k.cluster != nil {
 		return nil
 	}
-	c, err := kind.NewCluster(ctx, kind.Options{ProbeBinary: k.probe, Image: k.image, CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: k.logf})
+	c, err := kind.NewCluster(ctx, kind.Options{Nodes: k.nodes, ProbeBinary: k.probe, Image: k.image, CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: k.logf})
 	if err != nil {
 		return err
 	}
