@@ -61,7 +61,8 @@ func childRun() int {
 		return 1
 	}
 	fmt.Println(c.RunID())
-	select {}
+	time.Sleep(time.Hour)
+	return 0
 }
 
 func runObjects(t *testing.T, kube kubernetes.Interface, runID string) []string {
