@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 
+	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/kubeobj"
 )
@@ -375,6 +376,9 @@ func (c *Cluster) startHelper(ctx context.Context, name string, n *corev1.Node) 
 		return nil, fmt.Errorf("helper pod on %s (image %s: can the node pull it?): %w", n.Name, c.image, err)
 	}
 	h := &helper{c: c, name: name, node: n.Name, ip: internalIP(n)}
+	if err := h.sameClock(ctx); err != nil {
+		return nil, err
+	}
 	out, err := h.exec(ctx, "node-op", "iface", h.ip.String())
 	if err != nil {
 		return nil, fmt.Errorf("find node %s's interface: %w", n.Name, err)
@@ -388,6 +392,29 @@ func (c *Cluster) startHelper(ctx context.Context, name string, n *corev1.Node) 
 		return nil, fmt.Errorf("node %s's interface: unexpected %q", n.Name, out)
 	}
 	return h, nil
+}
+
+// sameClock refuses a node whose CLOCK_MONOTONIC is not this machine's. Probes
+// timestamp what they see by their host's monotonic clock, and the specs compare
+// those times with each other and with the suite's: on one kernel (kind, a cluster of
+// containers) that is one clock, and a reading taken on the node lies between two
+// taken here before and after; on separate machines it does not, and no spec's
+// timing would mean anything. Translating between machines' clocks is not done yet.
+func (h *helper) sameClock(ctx context.Context) error {
+	before := monotime.Now()
+	out, err := h.exec(ctx, "node-op", "clock")
+	after := monotime.Now()
+	if err != nil {
+		return fmt.Errorf("read node %s's clock: %w", h.node, err)
+	}
+	v, err := strconv.ParseInt(out, 10, 64)
+	if err != nil {
+		return fmt.Errorf("node %s's clock: %q", h.node, out)
+	}
+	if t := monotime.Time(v); t < before || t > after {
+		return fmt.Errorf("node %s does not share this machine's monotonic clock (it read %d ns between %d and %d here): the probes' timestamps would not compare, and a cluster of separate machines is not supported yet (docs/certification.md); run dpconform on a machine whose kernel runs the nodes (kind)", h.node, v, before, after)
+	}
+	return nil
 }
 
 // Session returns a topology for one spec. Only one is open at a time.

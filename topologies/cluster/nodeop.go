@@ -13,12 +13,15 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+
+	"github.com/dpconform/dpconform/fv/monotime"
 )
 
 // NodeOp is `dpconform node-op`: what the topology does to a node's network, run in
 // the node's helper pod (host network, host PID namespace, privileged), since the
 // project's image holds the dpconform binary alone and no ip(8):
 //
+//	clock                  print CLOCK_MONOTONIC in nanoseconds
 //	iface ADDR             print the name of the interface holding ADDR and its prefix length
 //	mac IFACE              print IFACE's hardware address
 //	addr-add IFACE PREFIX  add an address (ADDR/BITS) to IFACE
@@ -29,7 +32,7 @@ import (
 //	                       processes (a lost sandbox: the veth pair goes, both ends)
 func NodeOp(args []string, out io.Writer) error {
 	if len(args) == 0 {
-		return errors.New("node-op: want iface, mac, addr-add, addr-del, neigh-set, neigh-del or vanish")
+		return errors.New("node-op: want clock, iface, mac, addr-add, addr-del, neigh-set, neigh-del or vanish")
 	}
 	need := func(n int) error {
 		if len(args) != n+1 {
@@ -38,6 +41,12 @@ func NodeOp(args []string, out io.Writer) error {
 		return nil
 	}
 	switch args[0] {
+	case "clock":
+		if err := need(0); err != nil {
+			return err
+		}
+		_, err := fmt.Fprintln(out, int64(monotime.Now()))
+		return err
 	case "iface":
 		if err := need(1); err != nil {
 			return err
@@ -137,7 +146,7 @@ func NodeOp(args []string, out io.Writer) error {
 		}
 		return nh.LinkDel(l)
 	}
-	return fmt.Errorf("node-op %q: want iface, mac, addr-add, addr-del, neigh-set, neigh-del or vanish", args[0])
+	return fmt.Errorf("node-op %q: want clock, iface, mac, addr-add, addr-del, neigh-set, neigh-del or vanish", args[0])
 }
 
 // containerProcess finds a process of the container with the given ID in the host's
