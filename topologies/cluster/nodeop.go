@@ -13,8 +13,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
-
-	"github.com/dpconform/dpconform/fv/monotime"
+	"golang.org/x/sys/unix"
 )
 
 // NodeOp is `dpconform node-op`: what the topology does to a node's network, run in
@@ -45,7 +44,7 @@ func NodeOp(args []string, out io.Writer) error {
 		if err := need(0); err != nil {
 			return err
 		}
-		_, err := fmt.Fprintln(out, int64(monotime.Now()))
+		_, err := fmt.Fprintln(out, monoNow())
 		return err
 	case "iface":
 		if err := need(1); err != nil {
@@ -147,6 +146,16 @@ func NodeOp(args []string, out io.Writer) error {
 		return nh.LinkDel(l)
 	}
 	return fmt.Errorf("node-op %q: want clock, iface, mac, addr-add, addr-del, neigh-set, neigh-del or vanish", args[0])
+}
+
+// monoNow is CLOCK_MONOTONIC in nanoseconds, the clock the probes timestamp by
+// (fv/monotime, which topologies may not import).
+func monoNow() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		panic(fmt.Sprintf("clock_gettime(CLOCK_MONOTONIC): %v", err))
+	}
+	return ts.Nano()
 }
 
 // containerProcess finds a process of the container with the given ID in the host's
