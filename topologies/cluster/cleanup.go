@@ -10,6 +10,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpconform/dpconform/internal/proc"
@@ -48,8 +49,9 @@ func ownerAlive(owner string) bool {
 
 // removeRun deletes everything labelled with runID: its namespaces (the run's and
 // those specs made, with every object in them), the objects specs made in other
-// namespaces, and the cluster-scoped objects a driver labelled with the run
-// (ClusterRoles, ClusterRoleBindings); and waits until the namespaces are gone.
+// namespaces, the cluster-scoped objects a driver labelled with the run
+// (ClusterRoles, ClusterRoleBindings) and the node labels whose value is the run ID;
+// and waits until the namespaces are gone.
 func removeRun(ctx context.Context, kube kubernetes.Interface, runID string, logf func(string, ...any)) error {
 	sel := metav1.ListOptions{LabelSelector: RunLabel + "=" + runID}
 	var errs []error
@@ -76,6 +78,7 @@ func removeRun(ctx context.Context, kube kubernetes.Interface, runID string, log
 			}
 		}
 	}
+	errs = append(errs, removeNodeLabels(ctx, kube, runID, logf))
 	nss, err := kube.CoreV1().Namespaces().List(ctx, sel)
 	if err != nil {
 		return errors.Join(append(errs, err)...)
@@ -91,6 +94,36 @@ func removeRun(ctx context.Context, kube kubernetes.Interface, runID string, log
 		logf("cluster run %s: removing namespaces %v", runID, names)
 	}
 	errs = append(errs, kubeobj.WaitNamespacesGone(ctx, kube, names))
+	return errors.Join(errs...)
+}
+
+// removeNodeLabels removes from every node the labels whose value is the run's ID: a
+// driver selects the nodes its DaemonSet runs on with such a label (docs/driver.md),
+// and a killed run leaves it.
+func removeNodeLabels(ctx context.Context, kube kubernetes.Interface, runID string, logf func(string, ...any)) error {
+	nodes, err := kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range nodes.Items {
+		var keys []string
+		for k, v := range n.Labels {
+			if v == runID {
+				keys = append(keys, strconv.Quote(k)+":null")
+			}
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		if logf != nil {
+			logf("cluster run %s: removing its labels from node %s", runID, n.Name)
+		}
+		patch := `{"metadata":{"labels":{` + strings.Join(keys, ",") + `}}}`
+		if _, err := kube.CoreV1().Nodes().Patch(ctx, n.Name, types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -162,6 +162,7 @@ func TestRemoveRun(t *testing.T) {
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "refdp-dpx00001", Labels: l("dpx00001")}},
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "refdp-dpx00001", Labels: l("dpx00001")}},
 		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "admin"}},
+		&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Labels: map[string]string{"dpconform.io/refdp-run": "dpx00001", "zone": "a", "other": "dpx00002"}}},
 	)
 	if err := removeRun(ctx, kube, "dpx00001", t.Logf); err != nil {
 		t.Fatal(err)
@@ -177,6 +178,10 @@ func TestRemoveRun(t *testing.T) {
 	svcs, _ := kube.CoreV1().Services("elsewhere").List(ctx, metav1.ListOptions{})
 	if len(svcs.Items) != 1 || svcs.Items[0].Name != "theirs" {
 		t.Errorf("services left: %v, want only theirs", svcs.Items)
+	}
+	n1, _ := kube.CoreV1().Nodes().Get(ctx, "n1", metav1.GetOptions{})
+	if len(n1.Labels) != 2 || n1.Labels["zone"] != "a" || n1.Labels["other"] != "dpx00002" {
+		t.Errorf("node labels left %v, want zone=a and other=dpx00002", n1.Labels)
 	}
 	crs, _ := kube.RbacV1().ClusterRoles().List(ctx, metav1.ListOptions{})
 	crbs, _ := kube.RbacV1().ClusterRoleBindings().List(ctx, metav1.ListOptions{})
