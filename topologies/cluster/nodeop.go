@@ -1,19 +1,17 @@
 package cluster
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
-	"strconv"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/dpconform/dpconform/internal/proc"
 )
 
 // NodeOp is `dpconform node-op`: what the topology does to a node's network, run in
@@ -159,24 +157,11 @@ func monoNow() int64 {
 }
 
 // containerProcess finds a process of the container with the given ID in the host's
-// PID namespace: the container's cgroup paths carry its ID whatever the cgroup driver.
+// PID namespace, which the helper pod shares.
 func containerProcess(id string) (int, error) {
-	if len(id) < 12 {
-		return 0, fmt.Errorf("container ID %q is too short", id)
-	}
-	entries, err := os.ReadDir("/proc")
+	pid, err := proc.OfContainer(id, nil)
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("%w (is the helper pod in the host's PID namespace?)", err)
 	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err == nil && bytes.Contains(cg, []byte(id)) {
-			return pid, nil
-		}
-	}
-	return 0, fmt.Errorf("no process of container %s on this node (is the helper pod in the host's PID namespace?)", id)
+	return pid, nil
 }
