@@ -35,6 +35,7 @@ const (
 const testExternal = "192.0.2.1"
 
 func TestMain(m *testing.M) {
+	RunExecHelperIfChild()
 	if os.Getenv(envChild) != "" {
 		os.Exit(childRun())
 	}
