@@ -29,6 +29,8 @@ type Env struct {
 	Logf    func(format string, args ...any)
 
 	checks []CheckResult
+	// upgrade are the spec's Setup.Upgrade options, resolved against Info.
+	upgrade driver.StartOptions
 }
 
 // Traffic is a probe a scenario runs from a host: it starts before the steady state

@@ -50,6 +50,11 @@ type Implementation struct {
 	Version  string   `json:"version"`
 	Profiles []string `json:"profiles"`
 	Features []string `json:"features"`
+	// Modes, Versions and Settings are the variants its driver's `start` offers
+	// (--mode, --version oldest first, and the keys of --set).
+	Modes    []string `json:"modes,omitempty"`
+	Versions []string `json:"versions,omitempty"`
+	Settings []string `json:"settings,omitempty"`
 }
 
 // ProfileReport is the result of one profile.
@@ -88,6 +93,9 @@ type SpecReport struct {
 	// HostSettings are the host-wide kernel settings the implementation changed
 	// during the spec, e.g. "kernel.timer_migration 1 -> 0 (restored)".
 	HostSettings []string `json:"hostSettings,omitempty"`
+	// Starts are the start calls the spec made, one per variant, in order, e.g.
+	// "start --version v1", "start --version v2" for an upgrade.
+	Starts []string `json:"starts,omitempty"`
 }
 
 // RunReport is one run of a repeated spec, without its checks.
@@ -133,6 +141,7 @@ func BuildReport(info driver.Info, topology string, budgets Budgets, repeat int,
 		Implementation: Implementation{
 			Name: info.Name, Version: info.Version,
 			Profiles: info.Profiles, Features: info.Features,
+			Modes: info.Modes, Versions: info.Versions, Settings: info.Settings,
 		},
 		Topology:  topology,
 		Budgets:   budgets.Values(),
@@ -201,7 +210,7 @@ func (rep Report) Certified() error {
 }
 
 func specReport(r Result) SpecReport {
-	sr := SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics}
+	sr := SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics, Starts: r.Starts}
 	if len(r.Runs) > 0 {
 		k, n := r.Passes()
 		sr.Passes, sr.ChecksFromRun = fmt.Sprintf("%d of %d", k, n), r.ChecksFrom

@@ -83,6 +83,9 @@ type Result struct {
 	// HostSettings are the host-wide kernel settings the run changed (of every run),
 	// and whether the runner could put them back.
 	HostSettings []HostSetting `json:"hostSettings,omitempty"`
+	// Starts are the distinct start calls the spec made (of every run), e.g.
+	// "start --version v1", "start --version v2": the variants it ran.
+	Starts []string `json:"starts,omitempty"`
 }
 
 // FailedKinds returns the kinds of the spec's failure and of its failed checks.
@@ -174,8 +177,10 @@ func (r *Runner) Selected(s Spec) (ok bool, why string, optional bool) {
 	if len(missing) > 0 {
 		return false, fmt.Sprintf("%s does not claim feature %s", r.info.Name, strings.Join(missing, ", ")), true
 	}
-	if err := r.info.Offers(s.Setup.Start); err != nil {
-		return false, err.Error(), false
+	for _, o := range []driver.StartOptions{s.Setup.Start, s.Setup.Upgrade} {
+		if err := r.info.Offers(o); err != nil {
+			return false, err.Error(), false
+		}
 	}
 	return true, "", false
 }
@@ -222,6 +227,11 @@ func combine(runs []Result) Result {
 		res.Duration += run.Duration
 		res.Diagnostics = append(res.Diagnostics, run.Diagnostics...)
 		res.HostSettings = append(res.HostSettings, run.HostSettings...)
+		for _, st := range run.Starts {
+			if !slices.Contains(res.Starts, st) {
+				res.Starts = append(res.Starts, st)
+			}
+		}
 	}
 	kept := len(runs) - 1
 	switch {
@@ -301,9 +311,12 @@ func (r *Runner) runOnce(ctx context.Context, s Spec, diagnostics string) (res R
 	}()
 	w := harness.New(topo, r.cfg.Driver, r.cfg.Probe)
 	w.ProbeStderr = r.cfg.ProbeStderr
-	w.StartOptions = s.Setup.Start
 	w.ReadyTimeout = r.cfg.Budgets.Ready
 	env := &Env{World: w, Topo: topo, Info: r.info, Budgets: r.cfg.Budgets, Logf: r.cfg.Logf}
+	// Selected checked that info offers them.
+	w.StartOptions, _ = r.info.Resolve(s.Setup.Start)
+	env.upgrade, _ = r.info.Resolve(s.Setup.Upgrade)
+	defer func() { res.Starts = w.Starts() }()
 	defer func() {
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer ccancel()

@@ -41,6 +41,11 @@ type Setup struct {
 	// Deferred leaves the implementation stopped on every node; the spec's steps
 	// start it (a spec of the order in which workloads and agent come up).
 	Deferred bool
+	// Upgrade are the options the spec's UpgradeAgent steps start the implementation
+	// with: another version (driver.VersionLatest after a Start of
+	// driver.VersionPrevious), other settings. Like Start, a spec whose options the
+	// implementation does not offer is skipped.
+	Upgrade driver.StartOptions
 }
 
 // runsImplementation reports whether the implementation starts on node i at set-up.

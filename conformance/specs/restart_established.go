@@ -31,13 +31,7 @@ func restartEstablished(ctx context.Context, e *conformance.Env) error {
 	if err != nil {
 		return err
 	}
-	svc := f.ServiceFlows(e.Topo)
-	flows := append(f.DirectFlows(),
-		workloads.Flow{Name: "pod-" + svc[0].Name, From: svc[0].From, Target: svc[0].Target},
-		workloads.Flow{Name: "pod-" + svc[1].Name, From: svc[1].From, Target: svc[1].Target},
-		workloads.Flow{Name: "external-" + svc[2].Name, From: svc[2].From, Target: svc[2].Target},
-		workloads.Flow{Name: "external-" + svc[3].Name, From: svc[3].From, Target: svc[3].Target},
-	)
+	flows := establishedFlows(f, e)
 	// Each transition gets fresh streams: a round judges only its own.
 	for _, crash := range []bool{false, true} {
 		sc := conformance.Scenario{

@@ -264,6 +264,12 @@ func Describe(e probe.Event) string {
 			return fmt.Sprintf("attempt #%d to %s: ok in %.2f ms, answered by %s", e.Seq, e.Target, float64(e.Latency)/1e6, e.Backend)
 		}
 		return fmt.Sprintf("attempt #%d to %s: %s after %s (%s)", e.Seq, e.Target, fail, ms(e.Latency), e.Err)
+	case probe.KindHeld:
+		held := ms(e.End.Sub(e.Time))
+		if e.Outcome == probe.OK {
+			return fmt.Sprintf("held connection #%d to %s: still answered by %s after %s", e.Seq, e.Target, e.Backend, held)
+		}
+		return fmt.Sprintf("held connection #%d to %s: LOST, checked after %s: %s (%s)", e.Seq, e.Target, held, fail, e.Err)
 	case probe.KindOpen:
 		if e.Outcome == probe.OK {
 			return fmt.Sprintf("stream %d opened to %s in %.2f ms", e.Stream, e.Target, float64(e.Latency)/1e6)
