@@ -43,6 +43,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/remotecommand"
+	utilexec "k8s.io/client-go/util/exec"
 	"k8s.io/utils/ptr"
 
 	"github.com/dpconform/dpconform/fv/driver/skel"
@@ -272,21 +273,15 @@ func clusterStop(ctx context.Context, n skel.Node, wait time.Duration) error {
 }
 
 // killScript SIGKILLs every refdp process of the pod (the pod shares one PID
-// namespace, so the agent is not its init and the signal is not ignored), waits
-// until they are gone and removes the status file the agent can no longer correct.
-const killScript = `set -e
+// namespace, so the agent is not its init and the signal is not ignored), after
+// removing the status file the agent can no longer correct. The agent is the
+// container's main process: its container ends with it, and the runtime kills this
+// script too, so exit status 137 is the expected outcome as well as 0.
+const killScript = `rm -f ` + clusterStateDir + "/" + agent.StatusFile + `
 for d in /proc/[0-9]*; do
-  [ "$(cat $d/comm 2>/dev/null)" = refdp ] && kill -KILL "${d#/proc/}" 2>/dev/null || true
+  [ "$(cat $d/comm 2>/dev/null)" = refdp ] && kill -KILL "${d#/proc/}" 2>/dev/null
 done
-i=0
-while :; do
-  left=
-  for d in /proc/[0-9]*; do [ "$(cat $d/comm 2>/dev/null)" = refdp ] && left=1; done
-  [ -z "$left" ] && break
-  i=$((i+1)); [ $i -gt 1000 ] && { echo "refdp still runs 10 s after SIGKILL" >&2; exit 1; }
-  sleep 0.01
-done
-rm -f ` + clusterStateDir + "/" + agent.StatusFile
+exit 0`
 
 func clusterKill(ctx context.Context, n skel.Node) error {
 	c, err := clusterEnvOf(n)
@@ -297,13 +292,33 @@ func clusterKill(ctx context.Context, n skel.Node) error {
 	if err != nil {
 		return err
 	}
-	if p == nil {
+	if p == nil || len(p.Status.ContainerStatuses) == 0 || p.Status.ContainerStatuses[0].State.Running == nil {
 		return nil
 	}
-	if out, err := c.exec(ctx, p.Name, []string{"/bin/sh", "-c", killScript}); err != nil {
+	before := p.Status.ContainerStatuses[0].ContainerID
+	out, err := c.exec(ctx, p.Name, []string{"/bin/sh", "-c", killScript})
+	var code utilexec.CodeExitError
+	if err != nil && !(errors.As(err, &code) && code.Code == 137) {
 		return skel.Fail("signal failed", "SIGKILL to refdp in pod %s/%s: %w: %s", c.namespace, p.Name, err, out)
 	}
-	return nil
+	// Gone once the kubelet says the container that ran is not running any more.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err := c.kube.CoreV1().Pods(c.namespace).Get(ctx, p.Name, metav1.GetOptions{})
+		if err != nil && apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err == nil && len(got.Status.ContainerStatuses) > 0 {
+			cs := got.Status.ContainerStatuses[0]
+			if cs.State.Running == nil || cs.ContainerID != before {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return skel.Fail("agent did not exit", "refdp in pod %s/%s still runs 10 s after SIGKILL (last error: %v)", c.namespace, p.Name, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // exec runs command in the agent's container and returns its output.
