@@ -10,10 +10,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/internal/proc"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/cluster"
 	"github.com/dpconform/dpconform/topologies/kind"
@@ -85,12 +88,42 @@ func main() {
 	}
 }
 
-// pause holds a container of the kind topology until it is stopped: a pod's workload
-// container or the external client, whose namespaces the suite's probes enter.
+// pause holds a container of the kind or cluster topology until it is stopped: a
+// pod's workload container or the external client, whose namespaces the suite's
+// probes enter (kind) or run in (cluster, through pods/exec). Stopped, it waits for
+// the other processes of its PID namespace to end first, as a server drains before it
+// exits: on a cluster the probes are those processes, and the container's end would
+// kill them in the middle of a graceful deletion that a spec watches them serve
+// through. (On kind the probes are not in its PID namespace: it exits at once.) The
+// kubelet's SIGKILL at the end of the grace period still ends it.
 func pause() {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	<-sigs
+	// Only as its PID namespace's init: a helper pod in the host's PID namespace
+	// (hostPID) has the whole node's processes beside it.
+	for os.Getpid() == 1 && othersRun() {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// othersRun reports whether a process other than this one runs in its PID namespace.
+func othersRun() bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	self := os.Getpid()
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		if proc.Alive(pid) {
+			return true
+		}
+	}
+	return false
 }
 
 type multiFlag []string
