@@ -668,6 +668,12 @@ func (w *World) Cleanup(ctx context.Context) error {
 // file the driver names but did not write is not reported. Relative names are taken
 // as relative to the node's directory.
 func (w *World) Collect(ctx context.Context, dir string) ([]string, error) {
+	// The driver runs inside the node, whose working directory is not the suite's:
+	// it gets the directory by its absolute path.
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
 	var files []string
 	var errs []error
 	for _, n := range w.Topo.Nodes() {
