@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -92,4 +93,34 @@ func Signal(ctx context.Context, name string, pid int, sig syscall.Signal, hint 
 		}
 	}
 	return nil
+}
+
+// OfContainer finds, in this PID namespace, a process of the container with the given
+// ID whose command line starts with cmdline (any process of it for an empty cmdline):
+// the container's cgroup paths carry its ID whatever the cgroup driver.
+func OfContainer(id string, cmdline []byte) (int, error) {
+	if len(id) < 12 {
+		return 0, fmt.Errorf("container ID %q is too short", id)
+	}
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil || !bytes.Contains(cg, []byte(id)) {
+			continue
+		}
+		if len(cmdline) == 0 || bytes.HasPrefix(Cmdline(pid), cmdline) {
+			return pid, nil
+		}
+	}
+	if len(cmdline) == 0 {
+		return 0, fmt.Errorf("no process of container %s", id)
+	}
+	return 0, fmt.Errorf("no process of container %s runs %q", id, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
 }

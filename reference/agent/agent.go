@@ -74,6 +74,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -88,7 +89,8 @@ import (
 type Config struct {
 	// Node is the name of this node's Node object.
 	Node string
-	// Kubeconfig is the path of a kubeconfig for the API server.
+	// Kubeconfig is the path of a kubeconfig for the API server; empty: the in-cluster
+	// configuration of a pod's service account.
 	Kubeconfig string
 	// PinDir is where maps and links are pinned (a directory on a bpffs).
 	PinDir string
@@ -193,8 +195,8 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	if cfg.Node == "" || cfg.Kubeconfig == "" || cfg.PinDir == "" || cfg.StateDir == "" {
-		return errors.New("agent: Node, Kubeconfig, PinDir and StateDir are required")
+	if cfg.Node == "" || cfg.PinDir == "" || cfg.StateDir == "" {
+		return errors.New("agent: Node, PinDir and StateDir are required")
 	}
 	a := &Agent{cfg: cfg, log: cfg.Log, kick: make(chan struct{}, 1), applied: make(chan struct{}), attached: map[int]endpoint{},
 		policies: newPolicyView(cfg.Faults.Has(faults.DeleteThenAddPolicy))}
@@ -417,7 +419,12 @@ func (a *Agent) migrateConntrack() error {
 }
 
 func (a *Agent) client() (kubernetes.Interface, error) {
-	rc, err := clientcmd.BuildConfigFromFlags("", a.cfg.Kubeconfig)
+	// No kubeconfig: a pod's service account (DPC_TOPOLOGY=cluster runs refdp as a
+	// DaemonSet with one).
+	rc, err := rest.InClusterConfig()
+	if a.cfg.Kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", a.cfg.Kubeconfig)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("kubeconfig %s: %w", a.cfg.Kubeconfig, err)
 	}

@@ -7,6 +7,8 @@
 #   build.sh kube-router     kube-router (a NetworkPolicy peer; its own module, kube-router/)
 #   build.sh cilium          cilium-agent, cilium-cni, the agent's BPF sources and CRDs (an
 #                            eBPF dataplane peer; its own module, cilium/)
+#   build.sh actionlint      actionlint (lints the vendors' workflows in ci/; its own module,
+#                            actionlint/)
 #   build.sh kind-node       kubelet, kubeadm, kubectl, kube-scheduler (for the kind node
 #                            image, beside the control plane: same version, same directory)
 #   build.sh dir             print the cache directory (builds nothing)
@@ -29,6 +31,8 @@ krdir="$root/kube-router/$kr"
 # Cilium too (cilium/go.mod says why).
 cil=$(cd cilium && ver github.com/cilium/cilium)
 cildir="$root/cilium/$cil"
+al=$(cd actionlint && ver github.com/rhysd/actionlint)
+aldir="$root/actionlint/$al"
 
 # progress NAME START: reads `go build -v` output, prints a line every 100 packages
 # and every line that is not a package path (compiler errors, "# pkg" headers).
@@ -161,14 +165,20 @@ cilium)
 		echo "  $d: $(find "$cildir/$d" -type f | wc -l) files at $cildir/$d"
 	done
 	;;
+actionlint)
+	echo "actionlint $al -> $aldir"
+	cd actionlint
+	CGO_ENABLED=0 build actionlint github.com/rhysd/actionlint/cmd/actionlint "$aldir" "-X github.com/rhysd/actionlint.version=$al"
+	;;
 dir)
 	echo "$cpdir"
 	echo "$cnidir"
 	echo "$krdir"
 	echo "$cildir"
+	echo "$aldir"
 	;;
 *)
-	echo "usage: $0 control-plane|cni|kube-router|cilium|kind-node|dir" >&2
+	echo "usage: $0 control-plane|cni|kube-router|cilium|actionlint|kind-node|dir" >&2
 	exit 2
 	;;
 esac

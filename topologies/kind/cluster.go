@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"debug/elf"
 	"encoding/hex"
 	"encoding/json"
@@ -36,8 +35,10 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/kind/dockerd"
 	"github.com/dpconform/dpconform/topologies/kind/nodeimage"
+	"github.com/dpconform/dpconform/topologies/kubeobj"
 )
 
 // RunPrefix starts every kind run's ID (and so its cluster's, network's and
@@ -353,12 +354,14 @@ func (c *Cluster) spareUnreachable(add bool) error {
 // its name: a digest of the binary and its path, so a rebuilt or moved binary gets an
 // image of its own.
 func probeImage(ctx context.Context, d *dockerd.Daemon, bin string) (string, error) {
+	name, err := kubeobj.ProbeImage(bin)
+	if err != nil {
+		return "", err
+	}
 	data, err := os.ReadFile(bin)
 	if err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256(append([]byte(bin+"\x00"), data...))
-	name := "dpconform.local/probe:" + hex.EncodeToString(sum[:])[:16]
 	if nodeimage.Exists(ctx, d, name) {
 		return name, nil
 	}
@@ -896,4 +899,13 @@ func ownerAlive(dir string) bool {
 	}
 	st, err := proc.StartTime(o.PID)
 	return err == nil && st == o.StartTime
+}
+
+// Nodes are the cluster's nodes, in the order a topology gives them.
+func (c *Cluster) Nodes() []topologies.Node {
+	out := make([]topologies.Node, len(c.nodes))
+	for i, n := range c.nodes {
+		out[i] = n
+	}
+	return out
 }

@@ -1,11 +1,8 @@
 package kind
 
 import (
-	"bytes"
 	"fmt"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -48,28 +45,10 @@ func enter(h nsHost, cmd *exec.Cmd) error {
 }
 
 // containerPID finds, as the host sees it, the process of the container with the
-// given ID whose command line starts with cmdline: the container's cgroup paths carry
-// its ID whatever the cgroup driver.
+// given ID whose command line starts with cmdline.
 func containerPID(id string, cmdline []byte) (int, error) {
 	if id == "" {
 		return 0, fmt.Errorf("no container ID")
 	}
-	entries, err := os.ReadDir("/proc")
-	if err != nil {
-		return 0, err
-	}
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		cg, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err != nil || !bytes.Contains(cg, []byte(id)) {
-			continue
-		}
-		if bytes.HasPrefix(proc.Cmdline(pid), cmdline) {
-			return pid, nil
-		}
-	}
-	return 0, fmt.Errorf("no process of container %s runs %q", id, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
+	return proc.OfContainer(id, cmdline)
 }

@@ -17,18 +17,17 @@ import (
 
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 
 	"github.com/dpconform/dpconform/internal/proc"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/kind/nodeimage"
+	"github.com/dpconform/dpconform/topologies/kubeobj"
 )
 
 // NotReadyCondition is the readiness gate of a pod added with PodSpec.NotReady: no one
 // sets it, so the kubelet keeps the pod not Ready.
-const NotReadyCondition = "dpconform.io/not-ready"
+const NotReadyCondition = kubeobj.NotReadyCondition
 
 // pod is a real pod run by a node's kubelet, its one container the probe image.
 type pod struct {
@@ -107,47 +106,12 @@ func (t *Topology) AddPod(ctx context.Context, spec topologies.PodSpec) (topolog
 }
 
 func (t *Topology) ensureNamespace(ctx context.Context, name string) error {
-	_, err := t.c.kube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		_, err = t.c.kube.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{})
-		if apierrors.IsAlreadyExists(err) {
-			err = nil
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("namespace %s: %w", name, err)
-	}
-	return nil
+	_, err := kubeobj.EnsureNamespace(ctx, t.c.kube, name, nil)
+	return err
 }
 
 func (t *Topology) podObject(spec topologies.PodSpec) *corev1.Pod {
-	c := corev1.Container{
-		Name:            "workload",
-		Image:           t.c.probeImage,
-		ImagePullPolicy: corev1.PullNever,
-		Command:         []string{t.c.probe, "pause"},
-	}
-	for _, port := range spec.Ports {
-		proto := corev1.ProtocolTCP
-		if port.Protocol == "UDP" {
-			proto = corev1.ProtocolUDP
-		}
-		c.Ports = append(c.Ports, corev1.ContainerPort{Name: port.Name, ContainerPort: port.Port, Protocol: proto})
-	}
-	p := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: spec.Name, Namespace: spec.Namespace, Labels: maps.Clone(spec.Labels)},
-		Spec: corev1.PodSpec{
-			NodeName:                      spec.Node,
-			Containers:                    []corev1.Container{c},
-			TerminationGracePeriodSeconds: ptr.To[int64](1),
-			EnableServiceLinks:            ptr.To(false),
-			AutomountServiceAccountToken:  ptr.To(false),
-		},
-	}
-	if spec.NotReady {
-		p.Spec.ReadinessGates = []corev1.PodReadinessGate{{ConditionType: NotReadyCondition}}
-	}
-	return p
+	return kubeobj.PodObject(spec, spec.Namespace, t.c.probeImage, corev1.PullNever, []string{t.c.probe, "pause"})
 }
 
 // waitRunning waits for the kubelet's status: the pod's IP, its container running
@@ -155,19 +119,9 @@ func (t *Topology) podObject(spec topologies.PodSpec) *corev1.Pod {
 func (t *Topology) waitRunning(ctx context.Context, p *pod, ready bool) error {
 	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
 	defer cancel()
-	var last *corev1.Pod
-	var err error
-	for {
-		last, err = t.c.kube.CoreV1().Pods(p.namespace).Get(wctx, p.name, metav1.GetOptions{})
-		if err == nil && last.Status.PodIP != "" && len(last.Status.ContainerStatuses) == 1 &&
-			last.Status.ContainerStatuses[0].State.Running != nil && (!ready || podReady(last)) {
-			break
-		}
-		select {
-		case <-wctx.Done():
-			return fmt.Errorf("pod %s on %s did not run (last error: %v; status: %s): %w", p.key(), p.node.name, err, podState(last), wctx.Err())
-		case <-time.After(100 * time.Millisecond):
-		}
+	last, err := kubeobj.WaitRunning(wctx, t.c.kube, p.namespace, p.name, ready, 60*time.Second)
+	if err != nil {
+		return err
 	}
 	ip, err := netip.ParseAddr(last.Status.PodIP)
 	if err != nil {
@@ -189,36 +143,6 @@ func (t *Topology) waitRunning(ctx context.Context, p *pod, ready bool) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
-}
-
-func podReady(p *corev1.Pod) bool {
-	for _, c := range p.Status.Conditions {
-		if c.Type == corev1.PodReady {
-			return c.Status == corev1.ConditionTrue
-		}
-	}
-	return false
-}
-
-func podState(p *corev1.Pod) string {
-	if p == nil {
-		return "none"
-	}
-	s := fmt.Sprintf("phase %s, IP %q", p.Status.Phase, p.Status.PodIP)
-	for _, c := range p.Status.ContainerStatuses {
-		switch {
-		case c.State.Waiting != nil:
-			s += fmt.Sprintf(", %s waiting: %s %s", c.Name, c.State.Waiting.Reason, c.State.Waiting.Message)
-		case c.State.Terminated != nil:
-			s += fmt.Sprintf(", %s terminated: %s", c.Name, c.State.Terminated.Reason)
-		}
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Status != corev1.ConditionTrue && c.Message != "" {
-			s += fmt.Sprintf(", %s: %s", c.Type, c.Message)
-		}
-	}
-	return s
 }
 
 // RemovePod implements topologies.Topology as a kubelet removes a pod: what was
@@ -284,22 +208,10 @@ func (t *Topology) teardown(ctx context.Context, p *pod, networkFirst bool) erro
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	pods := t.c.kube.CoreV1().Pods(p.namespace)
-	if err := pods.Delete(ctx, p.name, metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](0)}); err != nil && !apierrors.IsNotFound(err) {
-		errs = append(errs, fmt.Errorf("delete Pod %s: %w", p.key(), err))
-	}
-	wctx, cancel := context.WithTimeout(ctx, 60*time.Second)
-	defer cancel()
-	for {
-		_, err := pods.Get(wctx, p.name, metav1.GetOptions{})
-		if apierrors.IsNotFound(err) && (p.pid == 0 || !proc.Alive(p.pid) || zombie(p.pid)) {
-			break
-		}
-		select {
-		case <-wctx.Done():
-			return errors.Join(append(errs, fmt.Errorf("pod %s is not gone: %w", p.key(), wctx.Err()))...)
-		case <-time.After(50 * time.Millisecond):
-		}
+	if err := kubeobj.DeletePod(ctx, t.c.kube, p.namespace, p.name, 60*time.Second, func() bool {
+		return p.pid == 0 || !proc.Alive(p.pid) || zombie(p.pid)
+	}); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

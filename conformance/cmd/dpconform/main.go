@@ -10,11 +10,15 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/internal/proc"
 	"github.com/dpconform/dpconform/topologies"
+	"github.com/dpconform/dpconform/topologies/cluster"
 	"github.com/dpconform/dpconform/topologies/kind"
 	"github.com/dpconform/dpconform/topologies/kind/dockerd"
 	"github.com/dpconform/dpconform/topologies/netns"
@@ -24,24 +28,32 @@ const usage = `dpconform: conformance of Kubernetes dataplanes across transition
 
 usage:
   dpconform run --driver PATH [--profiles Core,...] [--focus ID] [--output DIR]
-                [--repeat N] [--quiet] [-v] [--topology netns|kind]
+                [--repeat N] [--quiet] [-v] [--topology netns|kind|cluster]
+                [--kubeconfig K ...]
                                        run the suite against an implementation's driver
                                        (each spec N times: it passes only if all N pass;
-                                       the report gives each figure's spread)
+                                       the report gives each figure's spread); cluster:
+                                       an existing cluster (docs/certification.md)
   dpconform report DIR                 make report.yaml and report.html again from the
                                        run data saved in DIR
   dpconform specs [--markdown]         list the spec catalogue (--markdown: docs/specs.md)
   dpconform cleanup [--run ID ...] [--images]
                                        remove what killed runs left behind, netns and
                                        kind (idempotent); --images: the kind images too
+  dpconform cleanup --kubeconfig K [--run ID ...]
+                                       remove what killed cluster runs left on that
+                                       cluster (by their run label; spares live runs)
   dpconform topology up [flags]        bring a netns topology up and hold it until ^C
   dpconform probe ROLE [flags]         a traffic probe (the suite runs it in namespaces)
   dpconform pause                      wait for SIGTERM (the kind topology's pods and
                                        external client run it; probes join them)
+  dpconform node-op OP ARGS...         a node's network operation, in the cluster
+                                       topology's helper pods (topologies/cluster)
 `
 
 func main() {
 	dockerd.RuntimeWrapperMain()
+	cluster.RunExecHelperIfChild()
 	probe.RunIfChild()
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
@@ -59,6 +71,8 @@ func main() {
 		os.Exit(probe.Main(os.Args[2:]))
 	case "pause":
 		pause()
+	case "node-op":
+		err = cluster.NodeOp(os.Args[2:], os.Stdout)
 	case "cleanup":
 		err = cleanup(os.Args[2:])
 	case "topology":
@@ -80,12 +94,42 @@ func main() {
 	}
 }
 
-// pause holds a container of the kind topology until it is stopped: a pod's workload
-// container or the external client, whose namespaces the suite's probes enter.
+// pause holds a container of the kind or cluster topology until it is stopped: a
+// pod's workload container or the external client, whose namespaces the suite's
+// probes enter (kind) or run in (cluster, through pods/exec). Stopped, it waits for
+// the other processes of its PID namespace to end first, as a server drains before it
+// exits: on a cluster the probes are those processes, and the container's end would
+// kill them in the middle of a graceful deletion that a spec watches them serve
+// through. (On kind the probes are not in its PID namespace: it exits at once.) The
+// kubelet's SIGKILL at the end of the grace period still ends it.
 func pause() {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	<-sigs
+	// Only as its PID namespace's init: a helper pod in the host's PID namespace
+	// (hostPID) has the whole node's processes beside it.
+	for os.Getpid() == 1 && othersRun() {
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// othersRun reports whether a process other than this one runs in its PID namespace.
+func othersRun() bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return false
+	}
+	self := os.Getpid()
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == self {
+			continue
+		}
+		if proc.Alive(pid) {
+			return true
+		}
+	}
+	return false
 }
 
 type multiFlag []string
@@ -96,13 +140,17 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 func cleanup(args []string) error {
 	fs := flag.NewFlagSet("cleanup", flag.ExitOnError)
 	var runs multiFlag
-	fs.Var(&runs, "run", "a netns run ID to remove even if its owner is alive (repeatable); default: every run whose owner is gone")
+	fs.Var(&runs, "run", "a run ID to remove even if its owner is alive (repeatable); default: every run whose owner is gone")
 	images := fs.Bool("images", false, "also remove the images the kind topology built (node image and the rest): the next kind run rebuilds them")
+	kubeconfig := fs.String("kubeconfig", "", "remove killed cluster runs' objects from this cluster instead (namespaces and cluster-scoped objects labelled "+cluster.RunLabel+")")
 	fs.Parse(args)
+	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
+	if *kubeconfig != "" {
+		return cluster.Cleanup(context.Background(), cluster.CleanupOptions{Kubeconfig: *kubeconfig, Runs: runs, Logf: logf})
+	}
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("cleanup removes network namespaces, links and mounts: run it as root")
 	}
-	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
 	removed, err := netns.Cleanup(netns.CleanupOptions{RunIDs: runs, Logf: logf})
 	if len(removed) == 0 && err == nil {
 		fmt.Println("netns: nothing to clean up")

@@ -7,11 +7,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
+	"time"
 
 	"github.com/onsi/ginkgo/v2/formatter"
 	"golang.org/x/term"
@@ -43,8 +45,12 @@ func run(args []string) error {
 	fs.Var(&focus, "focus", "run only specs whose ID matches this regular expression (repeatable); the profiles it leaves incomplete are not certified")
 	budgets := conformance.DefaultBudgets
 	fs.Func("budget", "override a budget, name=value (repeatable; budgets: "+strings.Join(conformance.BudgetNames(), ", ")+")", budgets.Set)
-	topology := fs.String("topology", "netns", "where the specs run: netns (network namespaces on this host) or kind (a 2-node kind cluster on the project's dockerd, made once for the run; see README)")
+	topology := fs.String("topology", "netns", "where the specs run: netns (network namespaces on this host), kind (a 2-node kind cluster on the project's dockerd, made once for the run) or cluster (an existing cluster, --kubeconfig); see docs/certification.md")
 	kindImage := fs.String("kind-image", "", "the kind node image (default: DPC_KIND_IMAGE, else the one `make kind-image` builds)")
+	kindNodes := fs.Int("kind-nodes", kind.DefaultNodes, "kind: the number of nodes (the specs use the first two; a third serves --kind-then's cluster run as the external client's node)")
+	kindThen := fs.String("kind-then", "", "kind: a shell command to run after the suite, while the cluster is still up, with DPC_KIND_KUBECONFIG, DPC_KIND_HOST_ADDRESS (this machine as the nodes reach it) and DPC_KIND_SPARE_ADDRESSES (node=IP,...) set; its failure fails the run (make kind-conformance runs the cluster topology on the same cluster this way)")
+	var co clusterOptions
+	co.flags(fs)
 	repeat := fs.Int("repeat", 1, "run each selected spec `N` times, each in a fresh world; a spec passes only if all N runs pass, and the report gives its passes as k of N")
 	fs.Parse(args)
 	if *drv == "" {
@@ -56,10 +62,16 @@ func run(args []string) error {
 	if *repeat < 1 {
 		return fmt.Errorf("--repeat %d: want at least 1 (the number of runs of each spec)", *repeat)
 	}
-	if *topology != "netns" && *topology != "kind" {
-		return fmt.Errorf("--topology %q: want netns or kind", *topology)
+	if *topology != "netns" && *topology != "kind" && *topology != "cluster" {
+		return fmt.Errorf("--topology %q: want netns, kind or cluster", *topology)
 	}
-	if os.Geteuid() != 0 {
+	if *topology == "cluster" && co.kubeconfig == "" {
+		return errors.New("--topology cluster needs --kubeconfig: the kubeconfig of the cluster to certify on")
+	}
+	if *kindThen != "" && *topology != "kind" {
+		return errors.New("--kind-then is for --topology kind")
+	}
+	if os.Geteuid() != 0 && *topology != "cluster" {
 		return fmt.Errorf("the %s topology needs root: run dpconform as root", *topology)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -87,13 +99,26 @@ func run(args []string) error {
 	}
 	var kt *kindTopologies
 	if *topology == "kind" {
-		kt = &kindTopologies{probe: self, image: *kindImage, logf: cfg.Logf}
+		kt = &kindTopologies{probe: self, image: *kindImage, nodes: *kindNodes, logf: cfg.Logf}
 		defer kt.Close()
 		cfg.NewTopology = kt.New
+	}
+	var ct *clusterTopologies
+	if *topology == "cluster" {
+		ct = &clusterTopologies{opts: co, self: self, logf: cfg.Logf}
+		defer ct.Close()
+		cfg.NewTopology = ct.New
 	}
 	r, err := conformance.NewRunner(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("ask the driver for info: %w", err)
+	}
+	reportTopology := *topology
+	if ct != nil {
+		if err := ct.prepare(ctx); err != nil {
+			return fmt.Errorf("cluster topology: %w", err)
+		}
+		reportTopology = "cluster (external client: " + ct.cluster.ExternalMode() + ")"
 	}
 	if kt != nil {
 		// Made before the first spec, so that what the kubelets write to the host
@@ -108,20 +133,26 @@ func run(args []string) error {
 	// Ginkgo's console reporter would write over the live line. (junit.xml is
 	// Ginkgo's still.)
 	formatter.ColorableStdOut = io.Discard
-	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: summaryAfter(prog, os.Stdout), Focus: focus, Report: &rep, Topology: *topology})
+	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: summaryAfter(prog, os.Stdout), Focus: focus, Report: &rep, Topology: reportTopology})
+	var errs []error
 	if err := rep.Certified(); err != nil {
-		return err
+		errs = append(errs, err)
+	} else if t.failed {
+		errs = append(errs, errors.New("the implementation did not pass every selected spec (see the report)"))
 	}
-	if t.failed {
-		return errors.New("the implementation did not pass every selected spec (see the report)")
+	if *kindThen != "" && kt.cluster != nil {
+		if err := kt.then(ctx, *kindThen); err != nil {
+			errs = append(errs, fmt.Errorf("--kind-then: %w", err))
+		}
 	}
-	return nil
+	return errors.Join(errs...)
 }
 
 // kindTopologies makes one kind cluster for the run, when the first spec needs it
 // (with the implementation's CNI), and gives each spec a view of it.
 type kindTopologies struct {
 	probe, image string
+	nodes        int
 	logf         func(string, ...any)
 	cluster      *kind.Cluster
 }
@@ -130,7 +161,7 @@ func (k *kindTopologies) prepare(ctx context.Context, info driver.Info) error {
 	if k.cluster != nil {
 		return nil
 	}
-	c, err := kind.NewCluster(ctx, kind.Options{ProbeBinary: k.probe, Image: k.image, CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: k.logf})
+	c, err := kind.NewCluster(ctx, kind.Options{Nodes: k.nodes, ProbeBinary: k.probe, Image: k.image, CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: k.logf})
 	if err != nil {
 		return err
 	}
@@ -151,6 +182,23 @@ func (k *kindTopologies) Close() {
 			fmt.Fprintln(os.Stderr, "dpconform: remove the kind cluster:", err)
 		}
 	}
+}
+
+// then runs command with the cluster up, the run's topologies closed.
+func (k *kindTopologies) then(ctx context.Context, command string) error {
+	var spares []string
+	for _, n := range k.cluster.Nodes() {
+		spares = append(spares, n.Name()+"="+n.SpareAddress().String())
+	}
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", command)
+	cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+	cmd.Env = append(os.Environ(), "DPC_KIND_KUBECONFIG="+k.cluster.Kubeconfig(),
+		"DPC_KIND_HOST_ADDRESS="+k.cluster.Daemon().HostAddress().String(),
+		"DPC_KIND_SPARE_ADDRESSES="+strings.Join(spares, ","))
+	// SIGTERM, not SIGKILL, when ctx ends: a dpconform run then removes what it made.
+	cmd.Cancel = func() error { return cmd.Process.Signal(syscall.SIGTERM) }
+	cmd.WaitDelay = 3 * time.Minute
+	return cmd.Run()
 }
 
 // newProgress prints progress to stderr: a live line on a terminal, a line per phase

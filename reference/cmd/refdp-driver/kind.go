@@ -438,26 +438,7 @@ func kindCollect(ctx context.Context, k kindNode, dir string) []string {
 	if err != nil {
 		return files
 	}
-	pods, err := kube.CoreV1().Pods(kindNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + kindName, FieldSelector: "spec.nodeName=" + k.Name})
-	if err != nil {
-		return files
-	}
-	for _, p := range pods.Items {
-		for _, prev := range []bool{false, true} {
-			data, err := kube.CoreV1().Pods(kindNamespace).GetLogs(p.Name, &corev1.PodLogOptions{Previous: prev}).DoRaw(ctx)
-			if err != nil {
-				continue
-			}
-			name := "refdp.log"
-			if prev {
-				name = "refdp.previous.log"
-			}
-			if os.WriteFile(filepath.Join(dir, name), data, 0o644) == nil {
-				files = append(files, filepath.Join(dir, name))
-			}
-		}
-	}
-	return files
+	return append(files, agentLogs(ctx, kube, kindNamespace, k.Name, dir)...)
 }
 
 // kindCleanup stops the node's agent (gracefully, else with SIGKILL) and removes

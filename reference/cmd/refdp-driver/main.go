@@ -61,7 +61,11 @@ func main() {
 	skel.Main("refdp-driver", skel.Funcs{
 		Info:  info,
 		Start: start,
-		Status: func(_ context.Context, n skel.Node) (driver.Status, error) {
+		Status: func(ctx context.Context, n skel.Node) (driver.Status, error) {
+			if onCluster(n) {
+				running, ready, err := clusterStatus(ctx, n)
+				return driver.Status{Running: running, Ready: ready}, err
+			}
 			if onKind(n) {
 				running, ready := kindStatus(n)
 				return driver.Status{Running: running, Ready: ready}, nil
@@ -69,18 +73,27 @@ func main() {
 			return status(nodeEnv(n)), nil
 		},
 		Stop: func(ctx context.Context, n skel.Node) error {
+			if onCluster(n) {
+				return clusterStop(ctx, n, 45*time.Second)
+			}
 			if onKind(n) {
 				return kindStop(ctx, n, 45*time.Second)
 			}
 			return nodeEnv(n).stopAgent(syscall.SIGTERM, 30*time.Second)
 		},
-		Kill: func(_ context.Context, n skel.Node) error {
+		Kill: func(ctx context.Context, n skel.Node) error {
+			if onCluster(n) {
+				return clusterKill(ctx, n)
+			}
 			if onKind(n) {
 				return kindKill(n)
 			}
 			return nodeEnv(n).stopAgent(syscall.SIGKILL, 10*time.Second)
 		},
 		Events: func(ctx context.Context, n skel.Node, cursor string) (driver.Events, error) {
+			if onCluster(n) {
+				return driver.Events{}, skel.Fail("unsupported topology", "DPC_TOPOLOGY=cluster: refdp's policy verdicts are in each node's bpffs, which this driver reads on netns and kind only")
+			}
 			if onKind(n) {
 				k, err := kindNodeOf(ctx, n)
 				if err != nil {
@@ -91,6 +104,9 @@ func main() {
 			return eventsIn(nodeEnv(n), cursor)
 		},
 		Collect: func(ctx context.Context, n skel.Node, dir string) ([]string, error) {
+			if onCluster(n) {
+				return clusterCollect(ctx, n, dir)
+			}
 			if onKind(n) {
 				k, err := kindNodeOf(ctx, n)
 				if err != nil {
@@ -101,6 +117,9 @@ func main() {
 			return nodeEnv(n).collect(dir), nil
 		},
 		Cleanup: func(ctx context.Context, n skel.Node) error {
+			if onCluster(n) {
+				return clusterCleanup(ctx, n)
+			}
 			if onKind(n) {
 				k, err := kindNodeOf(ctx, n)
 				if err != nil {
@@ -224,6 +243,13 @@ func (e env) agentPID() int {
 // the version and with the conntrack size opts ask for (skel checked that info
 // offers them). Its one mode is the default, so a mode changes nothing.
 func start(ctx context.Context, n skel.Node, opts driver.StartOptions) (int, error) {
+	if onCluster(n) {
+		// As on kind: the DaemonSet runs the image's one refdp with its defaults.
+		if opts.Version != "" || len(opts.Set) > 0 {
+			return 0, skel.Fail("not offered", "--version and --set are offered on a netns topology only, not on a cluster (the Upgrade profile runs on netns)")
+		}
+		return clusterStart(ctx, n)
+	}
 	if onKind(n) {
 		// The DaemonSet runs the image's one refdp with its defaults: an upgrade
 		// there is a change of the pod template, which this driver does not make.

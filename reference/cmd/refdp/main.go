@@ -28,7 +28,7 @@ import (
 )
 
 const usage = `usage:
-  refdp run --node NAME --kubeconfig PATH --bpffs DIR --state-dir DIR [--version v1|v2] [--conntrack-size N] [--workload-interface-prefix P] [--fault NAME ...]
+  refdp run --node NAME (--kubeconfig PATH | --in-cluster) --bpffs DIR --state-dir DIR [--version v1|v2] [--conntrack-size N] [--workload-interface-prefix P] [--fault NAME ...]
   refdp cleanup --bpffs DIR
   refdp dump --bpffs DIR
 `
@@ -73,6 +73,7 @@ func run(args []string) error {
 	var version string
 	fs.StringVar(&cfg.Node, "node", "", "name of this node's Node object")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for the API server")
+	inCluster := fs.Bool("in-cluster", false, "use the pod's service account instead of --kubeconfig (refdp as a DaemonSet on a cluster)")
 	fs.StringVar(&bpffs, "bpffs", "/sys/fs/bpf", "bpffs mount to pin under (refdp uses its refdp/ directory)")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "directory for the status file")
 	fs.StringVar(&cfg.HostInterface, "host-interface", "eth0", "the node's interface to the network")
@@ -86,7 +87,14 @@ func run(args []string) error {
 	if cfg.Faults, err = faults.Parse(fl); err != nil {
 		return err
 	}
-	for _, req := range []struct{ name, val string }{{"--node", cfg.Node}, {"--kubeconfig", cfg.Kubeconfig}, {"--state-dir", cfg.StateDir}} {
+	if *inCluster {
+		if cfg.Kubeconfig != "" {
+			return fmt.Errorf("--in-cluster and --kubeconfig exclude each other\n%s", usage)
+		}
+	} else if cfg.Kubeconfig == "" {
+		return fmt.Errorf("--kubeconfig (or --in-cluster) is required\n%s", usage)
+	}
+	for _, req := range []struct{ name, val string }{{"--node", cfg.Node}, {"--state-dir", cfg.StateDir}} {
 		if req.val == "" {
 			return fmt.Errorf("%s is required\n%s", req.name, usage)
 		}

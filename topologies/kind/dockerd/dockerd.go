@@ -93,6 +93,13 @@ func slotFor(root string) int {
 // to the daemon's namespace.
 func (d *Daemon) Pool() netip.Prefix { return poolFor(d.slot) }
 
+// HostAddress is this machine's address on the daemon's veth: how the containers
+// (and so a kind cluster's nodes) reach the host.
+func (d *Daemon) HostAddress() netip.Addr {
+	host, _ := linkAddrs(d.slot)
+	return host
+}
+
 func poolFor(slot int) netip.Prefix {
 	b := netip.MustParsePrefix(poolBase).Addr().As4()
 	b[2] = byte(16 * slot)
