@@ -12,7 +12,7 @@ RUNTIME_PKGS := iptables nftables iproute2 conntrack util-linux kmod bpftool ips
 GENERATE_PKGS := clang llvm libbpf-dev
 
 .PHONY: all deps deps-generate control-plane cni kube-router binaries build test lint \
-        bench conformance selftest generate cleanup clean
+        bench conformance selftest generate cleanup clean calico
 
 # The implementation `make conformance` runs against, and the profiles to run
 # (default: every profile it claims).
@@ -52,6 +52,13 @@ kube-router:
 	@topologies/binaries/build.sh kube-router
 
 binaries: control-plane cni kube-router
+
+## calico: build Calico Felix (BPF mode), its BPF objects, CNI plugin and CRDs from a
+## Calico source tree, once per version (docs/calico.md); not part of `binaries`: its
+## source is not on the module proxy
+CALICO_SRC ?=
+calico:
+	@topologies/binaries/calico/build.sh "$(CALICO_SRC)"
 
 ## build: the project's own binaries into _output/bin
 build:
