@@ -47,7 +47,7 @@ func (f *felix) Cleanup(ctx context.Context) error {
 		}
 	}
 	if len(left) > 0 {
-		return fmt.Errorf("Calico's state remains in the node 5 s after cleanup: %s", strings.Join(left, ", "))
+		return fmt.Errorf("state of Calico's remains in the node 5 s after cleanup: %s", strings.Join(left, ", "))
 	}
 	if err := removeBinds(f.binds()); err != nil {
 		return err

@@ -221,7 +221,7 @@ func (d *datastore) create(ctx context.Context, obj *unstructured.Unstructured) 
 func (d *datastore) annotateNode(ctx context.Context, node string, addr netip.Prefix) error {
 	n, err := d.kube.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("Node %s: %w", node, err)
+		return fmt.Errorf("get Node %s: %w", node, err)
 	}
 	if n.Annotations[ipv4AddressAnnotation] == addr.String() {
 		return nil
@@ -239,11 +239,11 @@ func poolCIDR(nodes []corev1.Node) (netip.Prefix, error) {
 	var cidrs []netip.Prefix
 	for _, n := range nodes {
 		if n.Spec.PodCIDR == "" {
-			return netip.Prefix{}, fmt.Errorf("Node %s has no podCIDR", n.Name)
+			return netip.Prefix{}, fmt.Errorf("no podCIDR on Node %s", n.Name)
 		}
 		p, err := netip.ParsePrefix(n.Spec.PodCIDR)
 		if err != nil || !p.Addr().Is4() {
-			return netip.Prefix{}, fmt.Errorf("Node %s: podCIDR %q is not an IPv4 prefix", n.Name, n.Spec.PodCIDR)
+			return netip.Prefix{}, fmt.Errorf("podCIDR %q of Node %s is not an IPv4 prefix", n.Spec.PodCIDR, n.Name)
 		}
 		cidrs = append(cidrs, p.Masked())
 	}

@@ -132,7 +132,7 @@ func TestPoolCIDR(t *testing.T) {
 		{"three nodes", []corev1.Node{node("a", "10.244.0.0/24"), node("b", "10.244.1.0/24"), node("c", "10.244.2.0/24")}, "10.244.0.0/22", ""},
 		{"one node", []corev1.Node{node("a", "10.244.3.0/24")}, "10.244.3.0/24", ""},
 		{"an unmasked podCIDR", []corev1.Node{node("a", "10.244.3.7/24")}, "10.244.3.0/24", ""},
-		{"a node without a podCIDR", []corev1.Node{node("a", "10.244.0.0/24"), node("b", "")}, "", "Node b has no podCIDR"},
+		{"a node without a podCIDR", []corev1.Node{node("a", "10.244.0.0/24"), node("b", "")}, "", "no podCIDR on Node b"},
 		{"an IPv6 podCIDR", []corev1.Node{node("a", "fd00::/64")}, "", "not an IPv4 prefix"},
 		{"no nodes", nil, "", "no Nodes"},
 	} {
