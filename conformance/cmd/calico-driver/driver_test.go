@@ -217,10 +217,10 @@ func TestInfo(t *testing.T) {
 	if out["cni_dir"] != filepath.Join(dir, "cni") {
 		t.Errorf("cni_dir = %v, want the build's cni/", out["cni_dir"])
 	}
-	if got, _ := json.Marshal(out["profiles"]); string(got) != `["Core"]` {
+	if got, _ := json.Marshal(out["profiles"]); string(got) != `["Core","Policy"]` {
 		t.Errorf("profiles = %s", got)
 	}
-	if got, _ := json.Marshal(out["features"]); string(got) != `["ClusterIP","NodePort","NodePortRemoteBackend","TCP","UDP"]` {
+	if got, _ := json.Marshal(out["features"]); string(got) != `["ClusterIP","NetworkPolicy","NodePort","NodePortRemoteBackend","TCP","UDP"]` {
 		t.Errorf("features = %s", got)
 	}
 }

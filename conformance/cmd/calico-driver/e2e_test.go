@@ -129,12 +129,10 @@ var _ = Describe("Calico Felix through its driver", Ordered, ContinueOnFailure, 
 	}, SpecTimeout(3*time.Minute))
 
 	It("removes everything of Calico's from the node on cleanup, and again", func(ctx SpecContext) {
-		// The pods go first, as a node is drained (their CNI DEL asks the API server).
-		for _, p := range topo.Pods() {
-			Expect(topo.RemovePod(ctx, p)).To(Succeed())
-		}
+		// As a run ends: the probes and servers stop, the pods go (their CNI DEL asks
+		// the API server), then the driver cleans every node up.
+		Expect(w.Cleanup(ctx)).To(Succeed())
 		for _, n := range topo.Nodes() {
-			Expect(w.Driver.Cleanup(ctx, harness.NodeEnv(n))).To(Succeed())
 			st, err := w.Driver.Status(ctx, harness.NodeEnv(n))
 			Expect(err).NotTo(HaveOccurred())
 			Expect(st.Running).To(BeFalse())

@@ -29,10 +29,11 @@ import (
 // EnvDir names the directory of a Calico build (Build).
 const EnvDir = "DPC_CALICO_DIR"
 
-// features are what Calico's eBPF dataplane implements of the Core profile: it
-// replaces kube-proxy (ClusterIP, NodePort, TCP and UDP), and forwards NodePort
-// traffic to a backend on another node.
-var features = []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP"}
+// features are what Calico's eBPF dataplane implements of the Core and Policy
+// profiles: it replaces kube-proxy (ClusterIP, NodePort, TCP and UDP), forwards
+// NodePort traffic to a backend on another node, and enforces Kubernetes
+// NetworkPolicy (Felix turns each into a Calico policy in the default tier).
+var features = []string{"ClusterIP", "NetworkPolicy", "NodePort", "NodePortRemoteBackend", "TCP", "UDP"}
 
 // calicoBudgets are the deadlines of the driver's verbs. Start does the datastore's
 // set-up before it starts Felix (the first start of a run creates Calico's CRDs and
@@ -78,7 +79,7 @@ func info(context.Context) (driver.Info, error) {
 	return driver.Info{
 		Name:     "calico",
 		Version:  b.Describe(),
-		Profiles: []string{"Core"},
+		Profiles: []string{"Core", "Policy"},
 		Features: features,
 		CNI:      cniConfig(),
 		CNIDir:   b.CNIDir(),

@@ -158,7 +158,9 @@ func detachAll(target int, typ ebpf.AttachType, what string) error {
 		}
 		err = link.RawDetachProgram(link.RawDetachProgramOptions{Target: target, Program: prog, Attach: typ})
 		prog.Close()
-		if err != nil {
+		// ENOENT: it went meanwhile, or a link holds it that the kernel is releasing
+		// (some kernels report no link ID for cgroup programs): the caller waits for it.
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("detach program %d from %s: %w", p.ID, what, err))
 		}
 	}
