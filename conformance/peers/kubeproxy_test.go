@@ -29,7 +29,7 @@ func TestMain(m *testing.M) {
 
 func TestPeers(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "the suite against real peers: kube-proxy, kube-router, Calico")
+	RunSpecs(t, "the suite against real peers")
 }
 
 var kubeProxyDriver string
