@@ -7,12 +7,14 @@ GO ?= go
 OUT := _output
 BIN := $(OUT)/bin
 
-# Debian packages needed at run time, and to regenerate the BPF objects.
+# Debian packages needed at run time, to regenerate the BPF objects, and for kind.
 RUNTIME_PKGS := iptables nftables iproute2 conntrack util-linux kmod bpftool ipset
 GENERATE_PKGS := clang llvm libbpf-dev
+KIND_PKGS := docker.io debootstrap
 
-.PHONY: all deps deps-generate control-plane cni kube-router binaries build test lint \
-        bench conformance selftest generate cleanup clean calico
+.PHONY: all deps deps-generate deps-kind control-plane cni kube-router kind-node-binaries \
+        binaries build test lint bench conformance kind-image kind-conformance selftest \
+        generate cleanup clean calico
 
 # The implementation `make conformance` runs against, and the profiles to run
 # (default: every profile it claims).
@@ -39,6 +41,19 @@ deps-generate:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
 	else echo "deps-generate: all of $(GENERATE_PKGS) installed"; fi
 
+## deps-kind: install Docker (Debian's docker.io) and debootstrap, only those missing.
+## No service is started: the project runs its own dockerd only while a kind run or
+## an image build needs it (topologies/kind/dockerd), so policy-rc.d keeps the
+## package's init script from starting one on the host's network.
+deps-kind:
+	@missing=$$(for p in $(KIND_PKGS); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		made=; if [ ! -e /usr/sbin/policy-rc.d ]; then printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d; chmod 755 /usr/sbin/policy-rc.d; made=1; fi; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; rc=$$?; \
+		[ -z "$$made" ] || rm -f /usr/sbin/policy-rc.d; exit $$rc; \
+	else echo "deps-kind: all of $(KIND_PKGS) installed"; fi
+
 ## control-plane: build etcd, kube-apiserver, kube-controller-manager, kube-proxy once
 control-plane:
 	@topologies/binaries/build.sh control-plane
@@ -51,6 +66,10 @@ cni:
 kube-router:
 	@topologies/binaries/build.sh kube-router
 
+## kind-node-binaries: build kubelet, kubeadm, kubectl, kube-scheduler once (beside the control plane)
+kind-node-binaries:
+	@topologies/binaries/build.sh kind-node
+
 binaries: control-plane cni kube-router
 
 ## calico: build Calico Felix (BPF mode), its BPF objects, CNI plugin and CRDs from a
@@ -60,10 +79,15 @@ CALICO_SRC ?=
 calico:
 	@topologies/binaries/calico/build.sh "$(CALICO_SRC)"
 
-## build: the project's own binaries into _output/bin
+## kind-image: build the kind node image offline once (README: the kind topology)
+kind-image: deps-kind control-plane kind-node-binaries
+	@nice -n 19 $(GO) run ./topologies/kind/cmd/kind-image
+
+## build: the project's own binaries into _output/bin. Static (CGO_ENABLED=0): the
+## kind topology's pods run dpconform from an image that holds it alone.
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./conformance/cmd/... ./reference/cmd/...
+	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./conformance/cmd/... ./reference/cmd/...
 
 ## generate: rebuild the BPF objects and their Go bindings with clang
 generate: deps-generate
@@ -75,9 +99,11 @@ lint:
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
-## test: everything that proves the project (privileged tests need root)
-test: deps deps-generate binaries lint
+## test: everything that proves the project (privileged tests need root), then the
+## Core profile against the reference on a 2-node kind cluster
+test: deps deps-generate binaries kind-image lint
 	$(GO) test -count=1 -p 1 -timeout 60m ./...
+	$(MAKE) kind-conformance
 
 ## bench: the project's benchmarks, with their figures (not part of `make test`)
 bench: deps binaries
@@ -87,11 +113,16 @@ bench: deps binaries
 conformance: deps binaries build
 	$(BIN)/dpconform run --driver $(DRIVER) $(if $(PROFILES),--profiles $(PROFILES)) --output $(OUT)/conformance
 
+## kind-conformance: the Core profile (PROFILES) against DRIVER on a 2-node kind cluster:
+## cluster up, suite, report in _output/kind-conformance, cluster down (also on failure)
+kind-conformance: deps deps-kind binaries kind-image build
+	$(BIN)/dpconform run --topology kind --driver $(DRIVER) --profiles $(or $(PROFILES),Core) --output $(OUT)/kind-conformance -v
+
 ## selftest: every spec passes against the clean reference and fails against each fault it names
 selftest: deps binaries
 	$(GO) test -count=1 -timeout 60m ./conformance/selftest/ -ginkgo.v
 
-## cleanup: remove what killed runs left behind
+## cleanup: remove what killed runs left behind (netns and kind)
 cleanup: build
 	$(BIN)/dpconform cleanup
 

@@ -6,6 +6,7 @@ package topologies
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"os/exec"
 
@@ -136,3 +137,8 @@ type ContainerPort struct {
 func Output(ctx context.Context, h Host, name string, args ...string) ([]byte, error) {
 	return output(ctx, h, name, args...)
 }
+
+// ErrUnsupported marks a request a provider cannot serve honestly (a pod's probe
+// before the kubelet writes its status, on kind): the spec that asked is skipped with
+// the reason the error gives, never run on an imitation.
+var ErrUnsupported = errors.New("not supported by this topology")

@@ -20,6 +20,7 @@ import (
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/topologies/netns"
 )
 
 func TestMain(m *testing.M) {
@@ -32,13 +33,20 @@ func TestPeers(t *testing.T) {
 	RunSpecs(t, "the suite against real peers")
 }
 
-var kubeProxyDriver string
+var (
+	kubeProxyDriver string
+	// controlPlanes serves every run of the package, one after another, reset
+	// between them.
+	controlPlanes *netns.ControlPlanes
+)
 
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
 	bins, err := buildbin.Build(ctx, GinkgoT().TempDir(), "conformance/cmd/kube-proxy-driver")
 	Expect(err).NotTo(HaveOccurred())
 	kubeProxyDriver = bins["kube-proxy-driver"]
+	controlPlanes = netns.NewControlPlanes("", func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) })
+	DeferCleanup(func() { Expect(controlPlanes.Close()).To(Succeed()) })
 }, NodeTimeout(5*time.Minute))
 
 // knownKubeProxy lists the documented kube-proxy behaviours a Core spec may fail on,
@@ -101,7 +109,7 @@ var _ = Describe("kube-proxy", func() {
 				b := conformance.DefaultBudgets
 				b.SNATChurn = 15 * time.Second
 				r, err := conformance.NewRunner(ctx, conformance.Config{
-					Driver: d, Probe: prog, Budgets: b,
+					Driver: d, Probe: prog, Budgets: b, ControlPlanes: controlPlanes,
 					OutputDir: filepath.Join("..", "..", "_output", "kube-proxy", mode, s.ID),
 					Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
 				})

@@ -48,7 +48,7 @@ var _ = Describe("kube-router", Ordered, func() {
 			prog, err := probe.Self()
 			Expect(err).NotTo(HaveOccurred())
 			r, err := conformance.NewRunner(ctx, conformance.Config{
-				Driver: d, Probe: prog,
+				Driver: d, Probe: prog, ControlPlanes: controlPlanes,
 				OutputDir: filepath.Join("..", "..", "_output", "kube-router", s.ID),
 				Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
 			})

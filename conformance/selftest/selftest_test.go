@@ -39,13 +39,20 @@ func TestSelftest(t *testing.T) {
 	RunSpecs(t, "dpconform self-test against the reference dataplane")
 }
 
-var bins map[string]string
+var (
+	bins map[string]string
+	// controlPlanes serves every run of the self-test, reset between runs; the stub
+	// runs that go two at a time borrow two.
+	controlPlanes *netns.ControlPlanes
+)
 
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
 	var err error
 	bins, err = buildbin.Build(ctx, GinkgoT().TempDir(), "reference/cmd/refdp", "reference/cmd/refdp-driver")
 	Expect(err).NotTo(HaveOccurred())
+	controlPlanes = netns.NewControlPlanes("", func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) })
+	DeferCleanup(func() { Expect(controlPlanes.Close()).To(Succeed()) })
 }, NodeTimeout(5*time.Minute))
 
 // runSpec runs one spec against the reference with the given faults on.
@@ -92,7 +99,7 @@ func run(ctx context.Context, s conformance.Spec, path, name string, budgets con
 		return conformance.Result{}, err
 	}
 	r, err := conformance.NewRunner(ctx, conformance.Config{
-		Driver: d, Probe: prog, Budgets: budgets,
+		Driver: d, Probe: prog, Budgets: budgets, ControlPlanes: controlPlanes,
 		OutputDir: filepath.Join("..", "..", "_output", "selftest", s.ID, name),
 		Logf:      func(f string, a ...any) { GinkgoWriter.Printf(s.ID+" "+name+": "+f+"\n", a...) },
 	})

@@ -201,6 +201,11 @@ const KubeProxyDir = "kube-proxy-before-switch"
 // carries flows that enter and leave by the host interface; and waits until it has
 // synced, recording kube-proxy-ready.
 func (w *World) StartKubeProxy(ctx context.Context, n topologies.Node) error {
+	if w.Topo.Provider() != "netns" {
+		// The fixture runs the kube-proxy binary inside a netns node; on kind,
+		// kube-proxy is a DaemonSet of the cluster, which no spec set-up deploys yet.
+		return fmt.Errorf("%w: kube-proxy before a switch runs only on the netns topology (on %s it would be the cluster's DaemonSet)", topologies.ErrUnsupported, w.Topo.Provider())
+	}
 	f, err := kubeproxy.ForNode(n, kubeproxy.IPTables)
 	if err != nil {
 		return fmt.Errorf("kube-proxy on %s: %w", n.Name(), err)

@@ -5,6 +5,8 @@
 #   build.sh control-plane   etcd, kube-apiserver, kube-controller-manager, kube-proxy
 #   build.sh cni             ptp, host-local, loopback
 #   build.sh kube-router     kube-router (a NetworkPolicy peer; its own module, kube-router/)
+#   build.sh kind-node       kubelet, kubeadm, kubectl, kube-scheduler (for the kind node
+#                            image, beside the control plane: same version, same directory)
 #   build.sh dir             print the cache directory (builds nothing)
 #
 # DPC_CACHE_DIR overrides the cache root (default ${XDG_CACHE_HOME:-~/.cache}/dpconform).
@@ -63,21 +65,33 @@ build() {
 	echo "  $name: built in $((SECONDS - start)) s"
 }
 
-case "${1:-}" in
-control-plane)
+# kversion prints the -X flags that stamp Kubernetes' version into its binaries: without
+# them they report v0.0.0, which clients (kubectl, client-go's discovery) and kubeadm
+# (which derives its images' tags from it) refuse.
+kversion() {
+	local major minor kv="" p
 	major=${k8s#v}; major=${major%%.*}
 	minor=${k8s#v*.}; minor=${minor%%.*}
-	# Without these the binaries report v0.0.0, which clients (kubectl, client-go's
-	# discovery) refuse.
-	kv=""
 	for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 		kv="$kv -X $p.gitVersion=$k8s -X $p.gitMajor=$major -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
 	done
+	echo "$kv"
+}
+
+case "${1:-}" in
+control-plane)
+	kv=$(kversion)
 	echo "control plane $k8s, etcd $etcd -> $cpdir"
 	build etcd go.etcd.io/etcd/server/v3 "$cpdir"
 	build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$cpdir" "$kv"
 	build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "$cpdir" "$kv"
 	build kube-proxy k8s.io/kubernetes/cmd/kube-proxy "$cpdir" "$kv"
+	;;
+kind-node)
+	echo "kind node binaries $k8s -> $cpdir"
+	for b in kubelet kubeadm kubectl kube-scheduler; do
+		build "$b" "k8s.io/kubernetes/cmd/$b" "$cpdir" "$(kversion)"
+	done
 	;;
 cni)
 	echo "CNI plugins $cni -> $cnidir"
@@ -100,7 +114,7 @@ dir)
 	echo "$krdir"
 	;;
 *)
-	echo "usage: $0 control-plane|cni|kube-router|dir" >&2
+	echo "usage: $0 control-plane|cni|kube-router|kind-node|dir" >&2
 	exit 2
 	;;
 esac

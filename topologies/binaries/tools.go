@@ -1,7 +1,7 @@
 //go:build tools
 
-// Package binaries pins the main packages that `make control-plane` and `make cni`
-// build; see go.mod for why this is a module of its own.
+// Package binaries pins the main packages that `make control-plane`, `make cni` and
+// `make kind-image` build; see go.mod for why this is a module of its own.
 package binaries
 
 import (
@@ -12,4 +12,8 @@ import (
 	_ "k8s.io/kubernetes/cmd/kube-apiserver"
 	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
 	_ "k8s.io/kubernetes/cmd/kube-proxy"
+	_ "k8s.io/kubernetes/cmd/kube-scheduler"
+	_ "k8s.io/kubernetes/cmd/kubeadm"
+	_ "k8s.io/kubernetes/cmd/kubectl"
+	_ "k8s.io/kubernetes/cmd/kubelet"
 )

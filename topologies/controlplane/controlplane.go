@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -45,6 +46,8 @@ type ControlPlane struct {
 	restConfig *rest.Config
 	kube       kubernetes.Interface
 	kubeconfig string
+	// baseline is what Baseline recorded, by UID, for Reset.
+	baseline map[types.UID]baselineObject
 }
 
 // Start starts etcd and kube-apiserver, waits until the API server is ready, then starts

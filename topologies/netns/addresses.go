@@ -77,7 +77,7 @@ func (t *Topology) claim(addr netip.Addr, node string) error {
 	if !addr.Is4() || !t.fabric.Contains(addr) || addr == t.fabric.Addr() || addr.As4()[3] == 255 {
 		return fmt.Errorf("add %s to %s: not a host address of the fabric %s", addr, node, t.fabric)
 	}
-	if addr == t.apiAddr() || addr == t.external.ip {
+	if addr == t.fabricRootAddr() || addr == t.external.ip {
 		return fmt.Errorf("add %s to %s: the address is taken (the API server's or the external client's)", addr, node)
 	}
 	for _, n := range t.nodes {

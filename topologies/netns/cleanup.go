@@ -2,6 +2,8 @@ package netns
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -37,6 +39,25 @@ func DefaultRunRoot() string { return filepath.Join(os.TempDir(), "dpconform") }
 type owner struct {
 	PID       int    `json:"pid"`
 	StartTime uint64 `json:"startTime"` // /proc/PID/stat field 22, to tell a reused PID
+}
+
+// newRun picks a run ID and makes its directory under root, owned by this process
+// (so that cleanup tells a live run from a killed one).
+func newRun(root string) (id, dir string, err error) {
+	var b [3]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", "", err
+	}
+	id = RunPrefix + hex.EncodeToString(b[:])[:5]
+	dir = filepath.Join(root, id)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", "", fmt.Errorf("create run directory: %w", err)
+	}
+	if err := writeOwner(dir); err != nil {
+		os.RemoveAll(dir)
+		return "", "", err
+	}
+	return id, dir, nil
 }
 
 func writeOwner(dir string) error {

@@ -53,7 +53,31 @@ func (n *node) DriverEnv() []string {
 
 func nodeName(i int) string { return "node-" + string(rune('a'+i)) }
 
-func (t *Topology) apiAddr() netip.Addr { return t.fabricAddr(rootHost).Addr() }
+// fabricRootAddr is the root namespace's address on the fabric: the nodes' way to
+// the API server, which listens on it unless the control plane is borrowed
+// (Options.ControlPlanes).
+func (t *Topology) fabricRootAddr() netip.Addr { return t.fabricAddr(rootHost).Addr() }
+
+// routeToAPIServer routes every node to a borrowed control plane's API server, which
+// listens in the root namespace on an address of its own, through the root
+// namespace's address on the fabric.
+func (t *Topology) routeToAPIServer(api netip.Addr) error {
+	for _, n := range t.nodes {
+		h, err := n.handle()
+		if err != nil {
+			return err
+		}
+		eth0, err := h.LinkByName("eth0")
+		if err == nil {
+			err = h.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: ipNet(netip.PrefixFrom(api, 32)), Gw: t.fabricRootAddr().AsSlice()})
+		}
+		h.Close()
+		if err != nil {
+			return fmt.Errorf("route to the API server %s on %s: %w", api, n.name, err)
+		}
+	}
+	return nil
+}
 
 func (t *Topology) fabricAddr(last byte) netip.Prefix {
 	a := t.fabric.Addr().As4()
@@ -73,6 +97,11 @@ func (t *Topology) createFabric() error {
 		return err
 	}
 	defer unlock()
+	// Before the first namespace: one mounted on the plain directory would be hidden
+	// by the bind mount that makes it shared, and could never be deleted.
+	if err := ensureSharedNetnsDir(); err != nil {
+		return err
+	}
 	if t.fabric, err = freeFabric(); err != nil {
 		return err
 	}

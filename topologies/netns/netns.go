@@ -6,8 +6,6 @@ package netns
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -48,6 +46,10 @@ type Options struct {
 	// CNIDirs are directories of CNI plugins the implementation ships (the driver's
 	// info.cni_dir), searched before the topology's own.
 	CNIDirs []string
+	// ControlPlanes, when set, lends the topology a control plane that outlives it
+	// (reset to its state at start when the topology closes) instead of starting one
+	// of its own. Nil: the topology starts and stops its own.
+	ControlPlanes *ControlPlanes
 }
 
 // Topology is a running netns topology. It implements topologies.Topology.
@@ -60,6 +62,8 @@ type Topology struct {
 	cniConf  []byte
 	cniDirs  []string
 	cp       *controlplane.ControlPlane
+	pool     *ControlPlanes // where cp was borrowed from; nil if it is the run's own
+	pooled   *pooledCP
 	nodes    []*node
 	external *host
 
@@ -125,21 +129,11 @@ func New(ctx context.Context, opts Options) (_ *Topology, err error) {
 	if len(t.cniConf) == 0 {
 		t.cniConf = []byte(DefaultCNIConfig)
 	}
-	var id [3]byte
-	if _, err := rand.Read(id[:]); err != nil {
-		return nil, err
-	}
-	t.runID = RunPrefix + hex.EncodeToString(id[:])[:5]
 	root := opts.RunRoot
 	if root == "" {
 		root = DefaultRunRoot()
 	}
-	t.dir = filepath.Join(root, t.runID)
-	if err := os.MkdirAll(t.dir, 0o755); err != nil {
-		return nil, fmt.Errorf("create run directory: %w", err)
-	}
-	if err := writeOwner(t.dir); err != nil {
-		os.RemoveAll(t.dir)
+	if t.runID, t.dir, err = newRun(root); err != nil {
 		return nil, err
 	}
 	defer func() {
@@ -158,11 +152,22 @@ func New(ctx context.Context, opts Options) (_ *Topology, err error) {
 	// The control plane takes seconds to become ready; build the nodes meanwhile.
 	cpDone := make(chan error, 1)
 	go func() {
-		t.logf("run %s: starting etcd and kube-apiserver on %s", t.runID, t.apiAddr())
+		if opts.ControlPlanes != nil {
+			c, err := opts.ControlPlanes.get(ctx, t.bins)
+			if err == nil {
+				t.logf("run %s: borrowed control plane %s (API server on %s)", t.runID, c.id, c.addr.Addr())
+				t.mu.Lock()
+				t.cp, t.pool, t.pooled = c.cp, opts.ControlPlanes, c
+				t.mu.Unlock()
+			}
+			cpDone <- err
+			return
+		}
+		t.logf("run %s: starting etcd and kube-apiserver on %s", t.runID, t.fabricRootAddr())
 		cp, err := controlplane.Start(ctx, controlplane.Config{
 			Binaries:    t.bins,
 			Dir:         filepath.Join(t.dir, "control-plane"),
-			BindIP:      t.apiAddr(),
+			BindIP:      t.fabricRootAddr(),
 			ServiceCIDR: netip.MustParsePrefix(serviceCIDR),
 			Env:         []string{EnvRun + "=" + t.runID},
 		})
@@ -177,6 +182,11 @@ func New(ctx context.Context, opts Options) (_ *Topology, err error) {
 	}
 	if nodeErr != nil {
 		return nil, nodeErr
+	}
+	if t.pooled != nil {
+		if err := t.routeToAPIServer(t.pooled.addr.Addr()); err != nil {
+			return nil, err
+		}
 	}
 	t.logf("run %s: API server ready; registering nodes", t.runID)
 	if err := t.registerNodes(ctx); err != nil {
@@ -256,7 +266,7 @@ func (t *Topology) Close() error {
 		pods = append(pods, p)
 	}
 	t.pods = map[string]*pod{}
-	cp := t.cp
+	cp, pool, pooled := t.cp, t.pool, t.pooled
 	t.mu.Unlock()
 
 	var errs []error
@@ -269,13 +279,20 @@ func (t *Topology) Close() error {
 			errs = append(errs, err)
 		}
 	}
-	if cp != nil {
+	if cp != nil && pooled == nil {
 		if err := cp.Stop(); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	if err := removeRun(t.runID, t.dir); err != nil {
 		errs = append(errs, err)
+	}
+	// A borrowed control plane goes back once every process of the run is gone, so
+	// that no agent writes to it while it is reset.
+	if pooled != nil {
+		if err := pool.put(context.WithoutCancel(ctx), pooled); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 // netnsDir is where named network namespaces are bind-mounted (as `ip netns` does).
@@ -56,7 +57,14 @@ func deleteNamedNS(name string) error {
 	if _, err := os.Stat(netnsPath(name)); errors.Is(err, os.ErrNotExist) {
 		return nil
 	}
-	if err := netns.DeleteNamed(name); err != nil && !errors.Is(err, os.ErrNotExist) {
+	// Unmount, then remove, as `ip netns delete` does. A file that is no mount point
+	// (its mount already gone, say with a killed run's mount namespace) is only
+	// removed.
+	path := netnsPath(name)
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("delete network namespace %s: unmount %s: %w", name, path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("delete network namespace %s: %w", name, err)
 	}
 	return nil

@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -14,6 +15,8 @@ import (
 
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/topologies"
+	"github.com/dpconform/dpconform/topologies/kind"
+	"github.com/dpconform/dpconform/topologies/kind/dockerd"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
 
@@ -21,15 +24,21 @@ const usage = `dpconform: conformance of Kubernetes dataplanes across transition
 
 usage:
   dpconform run --driver PATH [--profiles Core,...] [--output DIR] [--repeat N]
+                [--topology netns|kind]
                                        run the suite against an implementation's driver
                                        (each spec N times: it passes only if all N pass)
   dpconform specs                      list the spec catalogue
-  dpconform cleanup [--run ID ...]     remove what killed runs left behind (idempotent)
+  dpconform cleanup [--run ID ...] [--images]
+                                       remove what killed runs left behind, netns and
+                                       kind (idempotent); --images: the kind images too
   dpconform topology up [flags]        bring a netns topology up and hold it until ^C
   dpconform probe ROLE [flags]         a traffic probe (the suite runs it in namespaces)
+  dpconform pause                      wait for SIGTERM (the kind topology's pods and
+                                       external client run it; probes join them)
 `
 
 func main() {
+	dockerd.RuntimeWrapperMain()
 	probe.RunIfChild()
 	if len(os.Args) < 2 {
 		fmt.Fprint(os.Stderr, usage)
@@ -43,6 +52,8 @@ func main() {
 		listSpecs()
 	case "probe":
 		os.Exit(probe.Main(os.Args[2:]))
+	case "pause":
+		pause()
 	case "cleanup":
 		err = cleanup(os.Args[2:])
 	case "topology":
@@ -64,6 +75,14 @@ func main() {
 	}
 }
 
+// pause holds a container of the kind topology until it is stopped: a pod's workload
+// container or the external client, whose namespaces the suite's probes enter.
+func pause() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	<-sigs
+}
+
 type multiFlag []string
 
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
@@ -72,16 +91,20 @@ func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 func cleanup(args []string) error {
 	fs := flag.NewFlagSet("cleanup", flag.ExitOnError)
 	var runs multiFlag
-	fs.Var(&runs, "run", "a run ID to remove even if its owner is alive (repeatable); default: every run whose owner is gone")
+	fs.Var(&runs, "run", "a netns run ID to remove even if its owner is alive (repeatable); default: every run whose owner is gone")
+	images := fs.Bool("images", false, "also remove the images the kind topology built (node image and the rest): the next kind run rebuilds them")
 	fs.Parse(args)
 	if os.Geteuid() != 0 {
 		return fmt.Errorf("cleanup removes network namespaces, links and mounts: run it as root")
 	}
-	removed, err := netns.Cleanup(netns.CleanupOptions{RunIDs: runs, Logf: func(f string, a ...any) { fmt.Printf(f+"\n", a...) }})
+	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
+	removed, err := netns.Cleanup(netns.CleanupOptions{RunIDs: runs, Logf: logf})
 	if len(removed) == 0 && err == nil {
-		fmt.Println("nothing to clean up")
+		fmt.Println("netns: nothing to clean up")
 	}
-	return err
+	// kind: killed runs' clusters, containers and networks (the project's dockerd
+	// is started for it only if it has ever run here).
+	return errors.Join(err, kind.Cleanup(context.Background(), kind.CleanupOptions{Images: *images, Logf: logf}))
 }
 
 func topologyUp(args []string) error {

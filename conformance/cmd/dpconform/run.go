@@ -16,6 +16,9 @@ import (
 	_ "github.com/dpconform/dpconform/conformance/specs" // the catalogue
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/topologies"
+	"github.com/dpconform/dpconform/topologies/kind"
+	"github.com/dpconform/dpconform/topologies/netns"
 )
 
 // suiteT satisfies Ginkgo's GinkgoTestingT outside `go test`.
@@ -35,6 +38,8 @@ func run(args []string) error {
 	fs.Var(&focus, "focus", "run only specs whose ID matches this regular expression (repeatable); the profiles it leaves incomplete are not certified")
 	budgets := conformance.DefaultBudgets
 	fs.Func("budget", "override a budget, name=value (repeatable; budgets: "+strings.Join(conformance.BudgetNames(), ", ")+")", budgets.Set)
+	topology := fs.String("topology", "netns", "where the specs run: netns (network namespaces on this host) or kind (a 2-node kind cluster on the project's dockerd, made once for the run; see README)")
+	kindImage := fs.String("kind-image", "", "the kind node image (default: DPC_KIND_IMAGE, else the one `make kind-image` builds)")
 	repeat := fs.Int("repeat", 1, "run each selected spec `N` times, each in a fresh world; a spec passes only if all N runs pass, and the report gives its passes as k of N")
 	fs.Parse(args)
 	if *drv == "" {
@@ -46,8 +51,11 @@ func run(args []string) error {
 	if *repeat < 1 {
 		return fmt.Errorf("--repeat %d: want at least 1 (the number of runs of each spec)", *repeat)
 	}
+	if *topology != "netns" && *topology != "kind" {
+		return fmt.Errorf("--topology %q: want netns or kind", *topology)
+	}
 	if os.Geteuid() != 0 {
-		return errors.New("the netns topology needs root: run dpconform as root")
+		return fmt.Errorf("the %s topology needs root: run dpconform as root", *topology)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -59,20 +67,36 @@ func run(args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets, Repeat: *repeat}
+	// One control plane serves the runs one after another, reset between them.
+	pool := netns.NewControlPlanes("", nil)
+	defer pool.Close()
+	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets, Repeat: *repeat, ControlPlanes: pool}
 	if cfg.Profiles, err = conformance.ParseProfiles(*profiles); err != nil {
 		return fmt.Errorf("--profiles: %w", err)
 	}
 	if *verbose {
 		cfg.Logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
 	}
+	var kt *kindTopologies
+	if *topology == "kind" {
+		kt = &kindTopologies{probe: self, image: *kindImage, logf: cfg.Logf}
+		defer kt.Close()
+		cfg.NewTopology = kt.New
+	}
 	r, err := conformance.NewRunner(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("ask the driver for info: %w", err)
 	}
+	if kt != nil {
+		// Made before the first spec, so that what the kubelets write to the host
+		// at their start is not taken for the first spec's implementation's doing.
+		if err := kt.prepare(ctx, r.Info()); err != nil {
+			return fmt.Errorf("kind topology: %w", err)
+		}
+	}
 	t := &suiteT{}
 	var rep conformance.Report
-	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: os.Stdout, Focus: focus, Report: &rep})
+	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: os.Stdout, Focus: focus, Report: &rep, Topology: *topology})
 	if err := rep.Certified(); err != nil {
 		return err
 	}
@@ -80,6 +104,41 @@ func run(args []string) error {
 		return errors.New("the implementation did not pass every selected spec (see the report)")
 	}
 	return nil
+}
+
+// kindTopologies makes one kind cluster for the run, when the first spec needs it
+// (with the implementation's CNI), and gives each spec a view of it.
+type kindTopologies struct {
+	probe, image string
+	logf         func(string, ...any)
+	cluster      *kind.Cluster
+}
+
+func (k *kindTopologies) prepare(ctx context.Context, info driver.Info) error {
+	if k.cluster != nil {
+		return nil
+	}
+	c, err := kind.NewCluster(ctx, kind.Options{ProbeBinary: k.probe, Image: k.image, CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: k.logf})
+	if err != nil {
+		return err
+	}
+	k.cluster = c
+	return nil
+}
+
+func (k *kindTopologies) New(ctx context.Context, info driver.Info) (topologies.Topology, error) {
+	if err := k.prepare(ctx, info); err != nil {
+		return nil, err
+	}
+	return k.cluster.Session(ctx)
+}
+
+func (k *kindTopologies) Close() {
+	if k.cluster != nil {
+		if err := k.cluster.Close(); err != nil {
+			fmt.Fprintln(os.Stderr, "dpconform: remove the kind cluster:", err)
+		}
+	}
 }
 
 func listSpecs() {

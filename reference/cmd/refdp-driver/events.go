@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -60,8 +59,7 @@ func parseCursor(s string) (verdictCursor, error) {
 // rather than return an incomplete log, when verdicts were lost since the
 // cursor (the ring buffer was full, or was replaced). An empty cursor is a
 // first call: what the ring buffer lost before is no one's loss.
-func events(_ context.Context, n skel.Node, cursor string) (driver.Events, error) {
-	e := nodeEnv(n)
+func eventsIn(e env, cursor string) (driver.Events, error) {
 	first := cursor == ""
 	var cur verdictCursor
 	if !first {

@@ -61,19 +61,54 @@ func main() {
 		Info:  info,
 		Start: start,
 		Status: func(_ context.Context, n skel.Node) (driver.Status, error) {
+			if onKind(n) {
+				running, ready := kindStatus(n)
+				return driver.Status{Running: running, Ready: ready}, nil
+			}
 			return status(nodeEnv(n)), nil
 		},
-		Stop: func(_ context.Context, n skel.Node) error {
+		Stop: func(ctx context.Context, n skel.Node) error {
+			if onKind(n) {
+				return kindStop(ctx, n, 45*time.Second)
+			}
 			return nodeEnv(n).stopAgent(syscall.SIGTERM, 30*time.Second)
 		},
 		Kill: func(_ context.Context, n skel.Node) error {
+			if onKind(n) {
+				return kindKill(n)
+			}
 			return nodeEnv(n).stopAgent(syscall.SIGKILL, 10*time.Second)
 		},
-		Events: events,
-		Collect: func(_ context.Context, n skel.Node, dir string) ([]string, error) {
+		Events: func(ctx context.Context, n skel.Node, cursor string) (driver.Events, error) {
+			if onKind(n) {
+				k, err := kindNodeOf(ctx, n)
+				if err != nil {
+					return driver.Events{}, err
+				}
+				return eventsIn(k.env(), cursor)
+			}
+			return eventsIn(nodeEnv(n), cursor)
+		},
+		Collect: func(ctx context.Context, n skel.Node, dir string) ([]string, error) {
+			if onKind(n) {
+				k, err := kindNodeOf(ctx, n)
+				if err != nil {
+					return nil, err
+				}
+				return kindCollect(ctx, k, dir), nil
+			}
 			return nodeEnv(n).collect(dir), nil
 		},
-		Cleanup: func(_ context.Context, n skel.Node) error { return nodeEnv(n).cleanup() },
+		Cleanup: func(ctx context.Context, n skel.Node) error {
+			if onKind(n) {
+				k, err := kindNodeOf(ctx, n)
+				if err != nil {
+					return err
+				}
+				return kindCleanup(ctx, k)
+			}
+			return nodeEnv(n).cleanup()
+		},
 	})
 }
 
@@ -148,7 +183,10 @@ func (e env) agentPID() int {
 
 // start starts refdp on the node, or returns the PID of the one already running. Its
 // one mode is the default, so opts (which skel checked against info) change nothing.
-func start(_ context.Context, n skel.Node, _ driver.StartOptions) (int, error) {
+func start(ctx context.Context, n skel.Node, _ driver.StartOptions) (int, error) {
+	if onKind(n) {
+		return kindStart(ctx, n)
+	}
 	e := nodeEnv(n)
 	if pid := e.agentPID(); pid != 0 {
 		return pid, nil
