@@ -111,7 +111,7 @@ var _ = Describe("Calico", Ordered, func() {
 				prog, err := probe.Self()
 				Expect(err).NotTo(HaveOccurred())
 				r, err := conformance.NewRunner(ctx, conformance.Config{
-					Driver: d, Probe: prog,
+					Driver: d, Probe: prog, ControlPlanes: controlPlanes,
 					OutputDir: filepath.Join("..", "..", "_output", "calico", b.Version, id),
 					Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
 				})
