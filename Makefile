@@ -12,9 +12,9 @@ RUNTIME_PKGS := iptables nftables iproute2 conntrack util-linux kmod bpftool ips
 GENERATE_PKGS := clang llvm libbpf-dev
 KIND_PKGS := docker.io debootstrap
 
-.PHONY: all deps deps-generate deps-kind control-plane cni kube-router kind-node-binaries \
-        binaries build test lint bench conformance kind-image kind-conformance selftest \
-        generate cleanup clean calico
+.PHONY: all deps deps-generate deps-kind deps-browser control-plane cni kube-router \
+        kind-node-binaries binaries build test lint bench conformance kind-image \
+        kind-conformance selftest generate docs cleanup clean calico
 
 # The implementation `make conformance` runs against, and the profiles to run
 # (default: every profile it claims).
@@ -53,6 +53,12 @@ deps-kind:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; rc=$$?; \
 		[ -z "$$made" ] || rm -f /usr/sbin/policy-rc.d; exit $$rc; \
 	else echo "deps-kind: all of $(KIND_PKGS) installed"; fi
+
+## deps-browser: Debian's chromium, for the test that loads report.html in a real browser
+deps-browser:
+	@if command -v chromium >/dev/null; then echo "deps-browser: chromium installed"; else \
+		echo "installing: chromium"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; fi
 
 ## control-plane: build etcd, kube-apiserver, kube-controller-manager, kube-proxy once
 control-plane:
@@ -101,7 +107,7 @@ lint:
 
 ## test: everything that proves the project (privileged tests need root), then the
 ## Core profile against the reference on a 2-node kind cluster
-test: deps deps-generate binaries kind-image lint
+test: deps deps-generate deps-browser binaries kind-image lint
 	$(GO) test -count=1 -p 1 -timeout 60m ./...
 	$(MAKE) kind-conformance
 
@@ -110,8 +116,9 @@ bench: deps binaries
 	$(GO) test -count=1 -p 1 -run '^$$' -bench . -benchtime 3x -timeout 60m ./...
 
 ## conformance: run the suite against DRIVER (default: the reference) on a netns topology
+## (QUIET=1: a line per result, for CI logs)
 conformance: deps binaries build
-	$(BIN)/dpconform run --driver $(DRIVER) $(if $(PROFILES),--profiles $(PROFILES)) --output $(OUT)/conformance
+	$(BIN)/dpconform run --driver $(DRIVER) $(if $(PROFILES),--profiles $(PROFILES)) $(if $(QUIET),--quiet) --output $(OUT)/conformance
 
 ## kind-conformance: the Core profile (PROFILES) against DRIVER on a 2-node kind cluster:
 ## cluster up, suite, report in _output/kind-conformance, cluster down (also on failure)
@@ -121,6 +128,10 @@ kind-conformance: deps deps-kind binaries kind-image build
 ## selftest: every spec passes against the clean reference and fails against each fault it names
 selftest: deps binaries
 	$(GO) test -count=1 -timeout 60m ./conformance/selftest/ -ginkgo.v
+
+## docs: write docs/specs.md from the spec registry (a test fails when it differs)
+docs:
+	$(GO) run ./conformance/cmd/dpconform specs --markdown > docs/specs.md.new && mv docs/specs.md.new docs/specs.md
 
 ## cleanup: remove what killed runs left behind (netns and kind)
 cleanup: build

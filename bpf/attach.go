@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/cilium/ebpf"
@@ -369,7 +370,19 @@ func Remove(pinDir string) error {
 		}
 	}
 
-	for _, name := range mapNames {
+	names := pinNames()
+	// Previous conntrack maps an interrupted migration left, whatever their
+	// names (bpf.MigrateConntrack).
+	pinned, err := os.ReadDir(pinDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, fmt.Errorf("list pins: %w", err))
+	}
+	for _, e := range pinned {
+		if strings.HasPrefix(e.Name(), ConntrackMapName) && !slices.Contains(names, e.Name()) {
+			names = append(names, e.Name())
+		}
+	}
+	for _, name := range names {
 		if err := os.Remove(filepath.Join(pinDir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("unpin map %s: %w", name, err))
 		}

@@ -129,7 +129,7 @@ func (d *Datapath) MarkDNATFlowsGone(flows []DNATFlows) (int, error) {
 			continue
 		}
 		v.Flags |= ConntrackBackendGone
-		switch err := d.conntrack.m.Update(k, v, ebpf.UpdateExist); {
+		switch err := d.conntrack.m.Update(k, d.conntrack.value(v), ebpf.UpdateExist); {
 		case err == nil:
 			n++
 		case errors.Is(err, ebpf.ErrKeyNotExist):

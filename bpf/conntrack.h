@@ -8,7 +8,8 @@
 
 #include "pkt.h"
 
-/* max_entries is set by the loader (Options.ConntrackSize). */
+/* max_entries is set by the loader (Options.ConntrackSize), and so is the
+ * pin name, which carries the format (datapath.h). */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);
@@ -17,11 +18,256 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } dpc_conntrack SEC(".maps");
 
+/*
+ * The previous conntrack map, while its entries are migrated into this one
+ * (a resize, or a change of format): slot 0 of the outer map of its format
+ * holds it, and is empty otherwise. The loader puts it there before the
+ * programs are attached, and the agent empties the slot once it has copied
+ * every entry into dpc_conntrack, after the programs are attached. Until
+ * then a lookup that misses dpc_conntrack takes the entry from the previous
+ * map (ct_lookup): what the old programs wrote there up to the moment they
+ * were replaced, on whatever hook, is found by the new ones. Not pinned: the
+ * slots belong to the programs of one load.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LRU_HASH);
+		__uint(max_entries, 1);
+		__type(key, struct ct_key);
+		/* The bytes of struct ct_value_v1: the BTF of a struct
+		 * this deep in a map definition would be a mere
+		 * forward declaration, of no size. */
+		__type(value, __u8[sizeof(struct ct_value_v1)]);
+	});
+} dpc_ct_prev_v1 SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__array(values, struct {
+		__uint(type, BPF_MAP_TYPE_LRU_HASH);
+		__uint(max_entries, 1);
+		__type(key, struct ct_key);
+		__type(value, __u8[sizeof(struct ct_value_v2)]);
+	});
+} dpc_ct_prev_v2 SEC(".maps");
+
+/* ct_convert_v1 and ct_convert_v2 fill an entry of this object's format from
+ * one of format 1 or 2, field by field; counters a format lacks start at 0.
+ * bpf.ConvertConntrack is the same conversion, for the agent's copy. */
+static __always_inline void ct_convert_v1(struct ct_value *v, const struct ct_value_v1 *o)
+{
+	v->created_ns = o->created_ns;
+	v->last_seen_ns = o->last_seen_ns;
+	v->flags = o->flags;
+	v->service_id = o->service_id;
+	v->nat_addr = o->nat_addr;
+	v->nat_port = o->nat_port;
+	v->snat_port = o->snat_port;
+}
+
+static __always_inline void ct_convert_v2(struct ct_value *v, const struct ct_value_v2 *o)
+{
+	v->created_ns = o->created_ns;
+	v->last_seen_ns = o->last_seen_ns;
+#if DPC_CT_FORMAT == 2
+	v->packets = o->packets;
+	v->bytes = o->bytes;
+#endif
+	v->flags = o->flags;
+	v->service_id = o->service_id;
+	v->nat_addr = o->nat_addr;
+	v->nat_port = o->nat_port;
+	v->snat_port = o->snat_port;
+}
+
+/* ct_adopt takes the entry of k, which dpc_conntrack lacks, from a previous
+ * map being migrated, converted to this object's format, and returns it as
+ * dpc_conntrack holds it now; NULL if no previous map has it. */
+static __always_inline struct ct_value *ct_adopt(const struct ct_key *k)
+{
+	struct ct_value v = {};
+	const struct ct_value_v1 *o1;
+	const struct ct_value_v2 *o2;
+	__u32 zero = 0;
+	void *prev;
+
+	prev = bpf_map_lookup_elem(&dpc_ct_prev_v1, &zero);
+	if (prev && (o1 = bpf_map_lookup_elem(prev, k))) {
+		ct_convert_v1(&v, o1);
+	} else {
+		prev = bpf_map_lookup_elem(&dpc_ct_prev_v2, &zero);
+		if (!prev || !(o2 = bpf_map_lookup_elem(prev, k)))
+			return NULL;
+		ct_convert_v2(&v, o2);
+	}
+	/* Another CPU may have adopted it (or a new flow taken the tuple)
+	 * meanwhile: what dpc_conntrack holds wins. */
+	bpf_map_update_elem(&dpc_conntrack, k, &v, BPF_NOEXIST);
+	return bpf_map_lookup_elem(&dpc_conntrack, k);
+}
+
+/* ct_to_v1 and ct_to_v2 write an entry of this object's format in format 1
+ * or 2, for a previous map (ct_mirror). */
+static __always_inline void ct_to_v1(struct ct_value_v1 *o, const struct ct_value *v)
+{
+	o->created_ns = v->created_ns;
+	o->last_seen_ns = v->last_seen_ns;
+	o->flags = v->flags;
+	o->service_id = v->service_id;
+	o->nat_addr = v->nat_addr;
+	o->nat_port = v->nat_port;
+	o->snat_port = v->snat_port;
+}
+
+static __always_inline void ct_to_v2(struct ct_value_v2 *o, const struct ct_value *v)
+{
+	o->created_ns = v->created_ns;
+	o->last_seen_ns = v->last_seen_ns;
+#if DPC_CT_FORMAT == 2
+	o->packets = v->packets;
+	o->bytes = v->bytes;
+#endif
+	o->flags = v->flags;
+	o->service_id = v->service_id;
+	o->nat_addr = v->nat_addr;
+	o->nat_port = v->nat_port;
+	o->snat_port = v->snat_port;
+}
+
+/* ct_mirror writes the entry v of k, as a program of this load has just
+ * created or changed it in dpc_conntrack, into the previous map too while
+ * one is in its slot, in that map's format. The previous run's programs may
+ * still run on the hooks not replaced yet, and look only there: a flow one
+ * hook's new program opens (its NAT, its SNAT port, its admission by policy)
+ * must be what the next hook's old program finds, or a SYN-ACK leaves
+ * unNATed. Only creations and the changes another hook reads are mirrored;
+ * when each packet was last seen, and whether the flow is closing, are not. */
+static __always_inline void ct_mirror(const struct ct_key *k, const struct ct_value *v)
+{
+	struct ct_value_v1 o1 = {};
+	struct ct_value_v2 o2 = {};
+	__u32 zero = 0;
+	void *prev;
+
+	prev = bpf_map_lookup_elem(&dpc_ct_prev_v1, &zero);
+	if (prev) {
+		ct_to_v1(&o1, v);
+		bpf_map_update_elem(prev, k, &o1, BPF_ANY);
+	}
+	prev = bpf_map_lookup_elem(&dpc_ct_prev_v2, &zero);
+	if (prev) {
+		ct_to_v2(&o2, v);
+		bpf_map_update_elem(prev, k, &o2, BPF_ANY);
+	}
+}
+
+/* ct_lookup returns the conntrack entry of k, from a previous map being
+ * migrated if dpc_conntrack does not have it yet. Every lookup of the
+ * datapath goes through it. */
+static __always_inline struct ct_value *ct_lookup(const struct ct_key *k)
+{
+	struct ct_value *v = bpf_map_lookup_elem(&dpc_conntrack, k);
+
+	return v ? v : ct_adopt(k);
+}
+
+/* ct_delete deletes the entry of k, from a previous map being migrated too,
+ * so that it is not adopted again. */
+static __always_inline void ct_delete(const struct ct_key *k)
+{
+	__u32 zero = 0;
+	void *prev;
+
+	bpf_map_delete_elem(&dpc_conntrack, k);
+	prev = bpf_map_lookup_elem(&dpc_ct_prev_v1, &zero);
+	if (prev)
+		bpf_map_delete_elem(prev, k);
+	prev = bpf_map_lookup_elem(&dpc_ct_prev_v2, &zero);
+	if (prev)
+		bpf_map_delete_elem(prev, k);
+}
+
+/*
+ * The agent's copy of a previous map (Datapath.MigrateConntrack) runs in the
+ * kernel, a chunk at a time: the agent reads up to DPC_CT_MIGRATE_CHUNK
+ * entries of the previous map (a batch lookup), writes them into
+ * dpc_ct_staging (mapped into its memory), and runs dpc_ct_migrate, which writes each into
+ * dpc_conntrack, converted, only if dpc_conntrack lacks its tuple
+ * (BPF_NOEXIST, which no batch update of user space can ask for): an entry
+ * the programs adopted, mirrored or created since their load is newer than
+ * the previous map's. A chunk, because a program runs with bottom halves
+ * off: the whole copy of a million entries in one run (bpf_for_each_map_elem)
+ * held a CPU for half a second, a probe starved for 570 ms and a stream
+ * stalled 201 ms.
+ */
+#define DPC_CT_MIGRATE_CHUNK 16384
+
+/* An entry of the previous map, as the agent stages it: the value in the
+ * previous map's format, format 1's in the first 32 bytes. */
+struct ct_staged {
+	struct ct_key key;
+	__u8 value[sizeof(struct ct_value_v2)];
+};
+
+/* Mapped into the agent's memory, which writes a chunk there in one copy. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, DPC_CT_MIGRATE_CHUNK);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__type(key, __u32);
+	__type(value, struct ct_staged);
+} dpc_ct_staging SEC(".maps");
+
+struct ct_migration {
+	__u64 copied;  /* entries dpc_conntrack lacked, copied */
+	__u64 present; /* entries dpc_conntrack had already */
+	__u64 failed;  /* entries an update refused otherwise */
+};
+
+/* ct_copy is the context of a chunk's copy: the staged entries' format, and
+ * the counts. */
+struct ct_copy {
+	__u32 format;
+	struct ct_migration m;
+};
+
+static long ct_copy_one(__u32 i, struct ct_copy *c)
+{
+	struct ct_value v = {};
+	struct ct_staged *s = bpf_map_lookup_elem(&dpc_ct_staging, &i);
+	long err;
+
+	if (!s)
+		return 0;
+	if (c->format == 1)
+		ct_convert_v1(&v, (const struct ct_value_v1 *)s->value);
+	else
+		ct_convert_v2(&v, (const struct ct_value_v2 *)s->value);
+	err = bpf_map_update_elem(&dpc_conntrack, &s->key, &v, BPF_NOEXIST);
+	if (!err)
+		c->m.copied++;
+	else if (err == -EEXIST)
+		c->m.present++;
+	else
+		c->m.failed++;
+	return 0;
+}
+
 /* touch notes a packet on the conntrack entry it matched: when it was seen,
- * and whether it closes (TCP FIN or RST) or restarts (a bare SYN) the flow. */
+ * and whether it closes (TCP FIN or RST) or restarts (a bare SYN) the flow.
+ * Format 2 counts it too. */
 static __always_inline void touch(struct ct_value *ct, const struct pkt *p, __u64 now)
 {
 	ct->last_seen_ns = now;
+#if DPC_CT_FORMAT == 2
+	__sync_fetch_and_add(&ct->packets, 1);
+	__sync_fetch_and_add(&ct->bytes, p->len);
+#endif
 	if (p->tuple.proto != IPPROTO_TCP)
 		return;
 	if (p->tcp_flags & (TH_FIN | TH_RST)) {
@@ -63,11 +309,12 @@ static __always_inline int entry_stale(const struct ct_value *o, __u8 proto, __u
  * gives way to a new SYN on a tuple in TIME_WAIT). */
 static __always_inline void put_plain(const struct ct_key *k, const struct ct_value *v, __u64 now)
 {
-	struct ct_value *o = bpf_map_lookup_elem(&dpc_conntrack, k);
+	struct ct_value *o = ct_lookup(k);
 
 	if (o && !(o->flags & DPC_CT_CLOSING) && !entry_stale(o, k->proto, now))
 		return;
-	bpf_map_update_elem(&dpc_conntrack, k, v, BPF_ANY);
+	if (bpf_map_update_elem(&dpc_conntrack, k, v, BPF_ANY) == 0)
+		ct_mirror(k, v);
 }
 
 /* track_plain records a flow that needs no NAT, in both directions. */

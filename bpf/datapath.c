@@ -23,6 +23,7 @@
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
 #include <linux/tcp.h>
+#include <linux/errno.h>
 #include <bpf/bpf_helpers.h>
 
 #include "datapath.h"
@@ -83,8 +84,8 @@ static __always_inline int reset_gone(struct __sk_buff *skb, const struct pkt *p
 	__u32 payload;
 	__s64 sum;
 
-	bpf_map_delete_elem(&dpc_conntrack, &p->tuple);
-	bpf_map_delete_elem(&dpc_conntrack, &r);
+	ct_delete(&p->tuple);
+	ct_delete(&r);
 	if (p->l4_off != IP_OFF + sizeof(struct iphdr) || (p->tcp_flags & TH_RST))
 		return TC_ACT_SHOT;
 	if (bpf_skb_load_bytes(skb, 0, &in_eth, sizeof(in_eth)) < 0 ||
@@ -155,7 +156,7 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 		return TC_ACT_OK;
 
 	now = bpf_ktime_get_ns();
-	ct = bpf_map_lookup_elem(&dpc_conntrack, &p.tuple);
+	ct = ct_lookup(&p.tuple);
 	if (ct) {
 		touch(ct, &p, now);
 		if (ct->flags & DPC_CT_SNAT_REPLY) {
@@ -264,7 +265,7 @@ static __always_inline int to_iface(struct __sk_buff *skb, const struct endpoint
 		return TC_ACT_OK;
 
 	now = bpf_ktime_get_ns();
-	ct = bpf_map_lookup_elem(&dpc_conntrack, &p.tuple);
+	ct = ct_lookup(&p.tuple);
 	if (ct) {
 		if (ep && !(ct->flags & DPC_CT_REPLY) &&
 		    !ingress_admit(ep, skb->ifindex, &p, &p.tuple, ct))
@@ -279,7 +280,7 @@ static __always_inline int to_iface(struct __sk_buff *skb, const struct endpoint
 
 	/* The original direction of a DNAT flow is known by its reply entry. */
 	reverse(&p.tuple, &r);
-	ct = bpf_map_lookup_elem(&dpc_conntrack, &r);
+	ct = ct_lookup(&r);
 	if (!ct || !(ct->flags & DPC_CT_REPLY)) {
 		/* A fallthrough packet leaves only if Linux conntrack vouched for
 		 * its flow in iptables: neither conntrack knows it otherwise. */
@@ -292,7 +293,7 @@ static __always_inline int to_iface(struct __sk_buff *skb, const struct endpoint
 	touch(ct, &p, now);
 	if (host && (ct->flags & (DPC_CT_DNAT | DPC_CT_HOST_INGRESS)) ==
 			    (DPC_CT_DNAT | DPC_CT_HOST_INGRESS) &&
-	    snat(skb, &p, ct, now) < 0)
+	    snat(skb, &p, &r, ct, now) < 0)
 		return TC_ACT_SHOT;
 	set_mark(skb, DPC_MARK_SEEN);
 	return TC_ACT_OK;
@@ -344,4 +345,25 @@ int tc_ep_egress(struct __sk_buff *skb)
 	if (!ep)
 		return TC_ACT_OK;
 	return to_iface(skb, ep);
+}
+
+/* The counts of the last run of dpc_ct_migrate, for the agent to read. */
+struct ct_migration dpc_ct_migration;
+
+/* dpc_ct_migrate is not attached anywhere: the agent runs it (BPF_PROG_RUN,
+ * on a dummy packet) to copy the skb->mark entries it staged in
+ * dpc_ct_staging, of format skb->priority (1 or 2), into dpc_conntrack,
+ * converted, keeping what dpc_conntrack has already (conntrack.h). Call it
+ * once the programs of this load are attached to every hook. */
+SEC("tc")
+int dpc_ct_migrate(struct __sk_buff *skb)
+{
+	struct ct_copy c = { .format = skb->priority };
+	__u32 n = skb->mark;
+
+	if (n > DPC_CT_MIGRATE_CHUNK || (c.format != 1 && c.format != 2))
+		return TC_ACT_SHOT;
+	bpf_loop(n, ct_copy_one, &c, 0);
+	dpc_ct_migration = c.m;
+	return TC_ACT_OK;
 }

@@ -127,7 +127,20 @@ struct ct_key {
  * client waiting in silence. */
 #define DPC_CT_BACKEND_GONE (1U << 7)
 
-struct ct_value {
+/*
+ * The value of a conntrack entry has two formats. An object is built for one
+ * of them (DPC_CT_FORMAT, the refdp version it belongs to: refdp v1 writes
+ * format 1, v2 format 2), and struct ct_value is that format. The conntrack
+ * map's pin name carries its format (dpc_conntrack: 1, dpc_conntrack_v2: 2),
+ * and each object reads the other format too, to adopt the entries of a
+ * previous map while they are migrated (conntrack.h, ct_lookup).
+ */
+#ifndef DPC_CT_FORMAT
+#define DPC_CT_FORMAT 2
+#endif
+
+/* Format 1 (refdp v1). */
+struct ct_value_v1 {
 	__u64 created_ns;   /* bpf_ktime_get_ns() when the entry was created */
 	__u64 last_seen_ns; /* bpf_ktime_get_ns() of the last packet */
 	__u32 flags;        /* DPC_CT_* */
@@ -136,6 +149,31 @@ struct ct_value {
 	__be16 nat_port;
 	__be16 snat_port;   /* with DPC_CT_SNAT */
 };
+
+/* Format 2 (refdp v2): format 1 with a count of the packets and bytes that
+ * matched the entry since it was created (or converted from format 1), the
+ * packet that created it not included. The counters come before the flags,
+ * so every field after last_seen_ns has moved: a copy of the bytes of a
+ * format 1 value would be wrong, it must be converted field by field. */
+struct ct_value_v2 {
+	__u64 created_ns;
+	__u64 last_seen_ns;
+	__u64 packets;
+	__u64 bytes;
+	__u32 flags;
+	__u32 service_id;
+	__be32 nat_addr;
+	__be16 nat_port;
+	__be16 snat_port;
+};
+
+#if DPC_CT_FORMAT == 1
+#define ct_value ct_value_v1
+#elif DPC_CT_FORMAT == 2
+#define ct_value ct_value_v2
+#else
+#error "DPC_CT_FORMAT must be 1 or 2"
+#endif
 
 /* dpc_endpoints: keyed by the ifindex of a workload's host-side interface. */
 #define DPC_EP_ANTISPOOF        (1U << 0) /* drop IPv4 from the workload not sourced from pod_ip */

@@ -38,7 +38,8 @@
 // conntrack knows its flow, and the egress programs drop a fallthrough packet
 // without it. Every packet the datapath tracks or NATs carries MarkSeen.
 //
-// Every packet refreshes LastSeenNs of the entry it matches; a TCP FIN or RST
+// Every packet refreshes LastSeenNs of the entry it matches (and, in format
+// 2, counts itself in its Packets and Bytes); a TCP FIN or RST
 // also marks it ConntrackClosing, and a bare SYN (the tuple starting anew)
 // clears that again. A client's packet that leaves SNATed refreshes (and
 // closes) the flow's SNAT reply entry too, so both directions keep it alive.
@@ -155,12 +156,41 @@
 // so programs keep running while no agent does. Attaching again replaces the
 // program of the existing link or filter in place. Remove undoes it all.
 //
+// # Conntrack formats and migration
+//
+// The datapath is built twice from one source, once per conntrack format
+// (ConntrackFormat, Options.ConntrackFormat): refdp v1's values are struct
+// ct_value_v1 (32 bytes), v2's struct ct_value_v2 (48 bytes), which adds a
+// count of the packets and bytes that matched each entry, before the flags.
+// The conntrack map's pin name carries its format: ConntrackMapName for v1
+// (as before formats had names), ConntrackMapName + "_v2" for v2. A
+// ConntrackValue decodes from either format and is written in its map's.
+//
+// Open adopts the pinned map of its format if it has Options.ConntrackSize;
+// otherwise it pins a new one, and every other conntrack map pinned (the one
+// of another size, set aside as <name>_old, or the other format's) is a
+// previous map: the newest of each format goes into a slot of the programs
+// (dpc_ct_prev_v1, dpc_ct_prev_v2, arrays of one map), where every lookup
+// that misses the new map finds it, and adopts the entry, converted; and
+// what the programs create or change that another hook reads (NAT, SNAT
+// port, admission) they write there too, in its format, for the old
+// programs still attached on other hooks. Once the new programs run on
+// every hook (AttachHost, ReattachEndpoints),
+// MigrateConntrack copies what the new map still lacks, in the kernel, a
+// chunk at a time (a batch read of the previous map staged in
+// dpc_ct_staging, then dpc_ct_migrate writes each entry with BPF_NOEXIST, so
+// what the programs adopted, mirrored or created since wins), then empties
+// the slots and unpins the previous maps. migrate.go says why this order loses no flow, and what
+// copying before the attach loses.
+//
 // # Generated code
 //
 // The C sources are datapath.c (the programs), a header per concept that
 // it includes (pkt.h, conntrack.h, nat.h, snat.h, policy.h, verdicts.h) and datapath.h
-// (the shared types, mirrored by types.go). The bpf2go object and bindings
-// are committed, so building needs no clang. To regenerate them (clang and
+// (the shared types, mirrored by types.go and ctformat.go). bpf2go builds
+// them into one object per conntrack format (datapathv1_bpfel.o,
+// datapathv2_bpfel.o); the objects and bindings are committed, so building
+// needs no clang. To regenerate them (clang and
 // llvm-strip, libbpf-dev and the kernel headers installed), from the
 // repository root:
 //

@@ -10,11 +10,9 @@ import (
 	"testing"
 )
 
-// generated are the files that `go generate ./bpf/...` writes.
-var generated = []string{"datapath_bpfel.go", "datapath_bpfel.o"}
-
 // TestGeneratedObjectsUpToDate regenerates the bpf2go output into a
-// temporary directory, with the //go:generate line of loader.go, and checks
+// temporary directory, with each //go:generate line of loader.go (one object
+// per version of refdp), and checks
 // that the committed files are identical. bpf2go makes clang's output
 // reproducible (-g for BTF, then DWARF stripped; -fdebug-prefix-map and
 // -fno-ident, so no paths or compiler versions); a different clang version
@@ -38,24 +36,31 @@ func TestGeneratedObjectsUpToDate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var args []string
+	var lines [][]string
 	for _, line := range strings.Split(string(src), "\n") {
 		if rest, ok := strings.CutPrefix(line, "//go:generate go tool bpf2go "); ok {
-			args = strings.Fields(rest) // the line has no quoted arguments
+			lines = append(lines, strings.Fields(rest)) // the line has no quoted arguments
 		}
 	}
-	if args == nil {
+	if lines == nil {
 		t.Fatal("no //go:generate go tool bpf2go line in loader.go")
 	}
 
 	out := t.TempDir()
-	cmd := exec.Command(goBin, append([]string{"tool", "bpf2go", "-output-dir", out}, args...)...)
-	cmd.Env = append(os.Environ(), "GOPACKAGE=bpf", "GOFILE=loader.go")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("%s: %v\n%s", cmd, err, b)
+	for _, args := range lines {
+		cmd := exec.Command(goBin, append([]string{"tool", "bpf2go", "-output-dir", out}, args...)...)
+		cmd.Env = append(os.Environ(), "GOPACKAGE=bpf", "GOFILE=loader.go")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", cmd, err, b)
+		}
 	}
-	for _, name := range generated {
-		want, err := os.ReadFile(filepath.Join(out, name))
+	generated, err := filepath.Glob(filepath.Join(out, "*"))
+	if err != nil || len(generated) != 2*len(lines) {
+		t.Fatalf("bpf2go wrote %v (%v), want a .go and a .o per line", generated, err)
+	}
+	for _, path := range generated {
+		name := filepath.Base(path)
+		want, err := os.ReadFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}

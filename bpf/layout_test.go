@@ -11,15 +11,38 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/btf"
+	"golang.org/x/sys/unix"
 )
 
 // TestLayoutMatchesBTF checks the Go mirrors against the C structs, as the
-// compiler laid them out in the committed object.
+// compiler laid them out in each committed object (refdp v1's and v2's).
 func TestLayoutMatchesBTF(t *testing.T) {
-	spec, err := loadDatapath()
+	for _, f := range ConntrackFormats {
+		t.Run(f.String(), func(t *testing.T) { checkLayout(t, f) })
+	}
+}
+
+// ctOffsets are the offsets of the conntrack layout Go uses for format f, by
+// member name.
+func ctOffsets(f ConntrackFormat) map[string]uint32 {
+	l := conntrackLayouts[f]
+	m := map[string]uint32{
+		"created_ns": uint32(l.createdNs), "last_seen_ns": uint32(l.lastSeenNs), "flags": uint32(l.flags),
+		"service_id": uint32(l.serviceID), "nat_addr": uint32(l.natAddr), "nat_port": uint32(l.natPort), "snat_port": uint32(l.snatPort),
+	}
+	if l.counters {
+		m["packets"], m["bytes"] = uint32(l.packets), uint32(l.bytes)
+	}
+	return m
+}
+
+func checkLayout(t *testing.T, format ConntrackFormat) {
+	load := map[ConntrackFormat]func() (*ebpf.CollectionSpec, error){ConntrackFormatV1: loadDatapathV1, ConntrackFormatV2: loadDatapathV2}[format]
+	spec, err := load()
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctName := "ct_value_" + format.String()
 	for _, tc := range []struct {
 		name    string
 		goValue encoding.BinaryMarshaler
@@ -31,9 +54,7 @@ func TestLayoutMatchesBTF(t *testing.T) {
 		{"backend_key", BackendKey{}, backendKeySize, map[string]uint32{"service_id": 0, "index": 4}},
 		{"backend_value", BackendValue{}, backendValueSize, map[string]uint32{"addr": 0, "port": 4}},
 		{"ct_key", ConntrackKey{}, conntrackKeySize, map[string]uint32{"src": 0, "dst": 4, "sport": 8, "dport": 10, "proto": 12}},
-		{"ct_value", ConntrackValue{}, conntrackValueSize, map[string]uint32{
-			"created_ns": 0, "last_seen_ns": 8, "flags": 16, "service_id": 20, "nat_addr": 24, "nat_port": 28, "snat_port": 30,
-		}},
+		{ctName, formatted{ConntrackValue{}, format}, format.ValueSize(), ctOffsets(format)},
 		{"endpoint_value", EndpointValue{}, endpointValueSize, map[string]uint32{
 			"pod_ip": 0, "flags": 4, "policy_slot": 8, "ingress_rules": 10, "egress_rules": 12,
 		}},
@@ -69,8 +90,8 @@ func TestLayoutMatchesBTF(t *testing.T) {
 					t.Errorf("%s.%s at offset %d, Go mirror uses %d", tc.name, m.Name, got, want)
 				}
 			}
-			if seen != len(tc.offsets) {
-				t.Errorf("struct %s lacks members the Go mirror uses: %v", tc.name, tc.offsets)
+			if seen != len(tc.offsets) || seen != len(s.Members) && tc.name == ctName {
+				t.Errorf("struct %s has members %v, the Go mirror uses %v", tc.name, s.Members, tc.offsets)
 			}
 		})
 	}
@@ -79,7 +100,7 @@ func TestLayoutMatchesBTF(t *testing.T) {
 	for name, kv := range map[string][2]string{
 		FrontendsMapName:    {"frontend_key", "frontend_value"},
 		BackendsMapName:     {"backend_key", "backend_value"},
-		ConntrackMapName:    {"ct_key", "ct_value"},
+		ConntrackMapName:    {"ct_key", ctName},
 		EndpointsMapName:    {"__u32", "endpoint_value"},
 		IPSetsMapName:       {"ipset_key", "ipset_value"},
 		PolicyMapName:       {"policy_key", "policy_rule"},
@@ -97,6 +118,21 @@ func TestLayoutMatchesBTF(t *testing.T) {
 	}
 	if m := spec.Maps[VerdictsMapName]; m == nil || m.Type != ebpf.RingBuf || m.MaxEntries != VerdictRingSize || m.Value.TypeName() != "verdict_event" {
 		t.Errorf("map %s: %+v, want a ring buffer of %d bytes of verdict_event", VerdictsMapName, m, VerdictRingSize)
+	}
+	// The staging of the copy: a key, then a value of either format.
+	if m := spec.Maps["dpc_ct_staging"]; m == nil || m.Type != ebpf.Array || m.MaxEntries != migrateChunk || m.ValueSize != ctStagedSize || m.Flags&unix.BPF_F_MMAPABLE == 0 {
+		t.Errorf("map dpc_ct_staging: %+v, want an mmapable array of %d entries of %d bytes", m, migrateChunk, ctStagedSize)
+	}
+	// The slots of the previous maps take a conntrack map of each format.
+	for name, f := range map[string]ConntrackFormat{"dpc_ct_prev_v1": ConntrackFormatV1, "dpc_ct_prev_v2": ConntrackFormatV2} {
+		m := spec.Maps[name]
+		if m == nil || m.Type != ebpf.ArrayOfMaps || m.MaxEntries != 1 || m.InnerMap == nil {
+			t.Errorf("map %s: %+v, want an array of one map", name, m)
+			continue
+		}
+		if in := m.InnerMap; in.Type != ebpf.LRUHash || in.KeySize != conntrackKeySize || int(in.ValueSize) != f.ValueSize() {
+			t.Errorf("map %s holds %s of %d -> %d bytes, want an LRU hash of %d -> %d (format %s)", name, in.Type, in.KeySize, in.ValueSize, conntrackKeySize, f.ValueSize(), f)
+		}
 	}
 }
 

@@ -1,6 +1,7 @@
 package bpf
 
-//go:generate go tool bpf2go -cc clang -target bpfel -no-global-types datapath datapath.c -- -Wall -Werror -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu
+//go:generate go tool bpf2go -cc clang -target bpfel -no-global-types datapathV1 datapath.c -- -DDPC_CT_FORMAT=1 -Wall -Werror -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu
+//go:generate go tool bpf2go -cc clang -target bpfel -no-global-types datapathV2 datapath.c -- -DDPC_CT_FORMAT=2 -Wall -Werror -I/usr/include/x86_64-linux-gnu -I/usr/include/aarch64-linux-gnu
 
 import (
 	"encoding/binary"
@@ -29,19 +30,23 @@ const (
 	IPSetsMapName    = "dpc_ipsets"
 	PolicyMapName    = "dpc_policy"
 	ConfigMapName    = "dpc_config"
-	// PreviousConntrackPinName is where Open moves a pinned conntrack map
-	// that does not fit the requested one (another size or layout), until
-	// Datapath.MigrateConntrack has copied it.
-	PreviousConntrackPinName = "dpc_conntrack_old"
 	// LinksDirName is the subdirectory of the pin directory that holds the
 	// pinned tcx links, one per interface and direction.
 	LinksDirName = "links"
 )
 
-var mapNames = []string{
-	FrontendsMapName, BackendsMapName, ConntrackMapName, EndpointsMapName,
-	IPSetsMapName, PolicyMapName, ConfigMapName, PreviousConntrackPinName,
-	VerdictsMapName, VerdictsLostMapName,
+// pinNames are the names of every map the datapath may pin, conntrack maps of
+// every format and those set aside included.
+func pinNames() []string {
+	names := []string{
+		FrontendsMapName, BackendsMapName, EndpointsMapName,
+		IPSetsMapName, PolicyMapName, ConfigMapName,
+		VerdictsMapName, VerdictsLostMapName,
+	}
+	for _, f := range ConntrackFormats {
+		names = append(names, f.PinName(), f.asidePinName())
+	}
+	return names
 }
 
 // DefaultConntrackSize is the conntrack capacity (entries; a flow takes two)
@@ -54,6 +59,15 @@ type Options struct {
 	// 0 means DefaultConntrackSize. If the pinned conntrack map has another
 	// size, Open pins a new one and keeps the old one for MigrateConntrack.
 	ConntrackSize uint32
+	// ConntrackFormat is the format of the conntrack map's values: which of
+	// refdp's versions the programs are (0: DefaultConntrackFormat). A map
+	// pinned in the other format is kept for MigrateConntrack, as one of
+	// another size is.
+	ConntrackFormat ConntrackFormat
+	// NoConntrackMigration is a fault switch ("no-ct-migration"), off by
+	// default: a previous conntrack map (another size or format) is unpinned
+	// and dropped, not migrated, so a resized or upgraded table starts empty.
+	NoConntrackMigration bool
 	// UnpinnedConntrack is a fault switch ("unpinned-conntrack"), off by
 	// default: the conntrack map is neither adopted from nor pinned in the
 	// pin directory, so conntrack state is lost on every Open.
@@ -87,8 +101,12 @@ type Datapath struct {
 	pinDir string
 	opts   Options
 	mode   AttachMode
-	objs   datapathObjects
-	prevCT *ebpf.Map
+	// objs holds either version's programs and maps: the two objects have
+	// the same ones, by the same names.
+	objs datapathV2Objects
+	// prevCT are the previous conntrack maps, newest first, until
+	// MigrateConntrack has copied them (migrate.go).
+	prevCT []previousConntrack
 
 	frontends *Map[FrontendKey, FrontendValue]
 	backends  *Map[BackendKey, BackendValue]
@@ -109,7 +127,7 @@ func CheckKernel() error {
 	if err := features.HaveProgramType(ebpf.SchedCLS); err != nil {
 		return fmt.Errorf("kernel lacks BPF program type sched_cls (tc hooks): %w", err)
 	}
-	for _, mt := range []ebpf.MapType{ebpf.Hash, ebpf.LRUHash, ebpf.Array, ebpf.LPMTrie, ebpf.PerCPUArray, ebpf.RingBuf} {
+	for _, mt := range []ebpf.MapType{ebpf.Hash, ebpf.LRUHash, ebpf.Array, ebpf.LPMTrie, ebpf.PerCPUArray, ebpf.RingBuf, ebpf.ArrayOfMaps} {
 		if err := features.HaveMapType(mt); err != nil {
 			return fmt.Errorf("kernel lacks BPF map type %s: %w", mt, err)
 		}
@@ -170,12 +188,20 @@ func checkPinDir(dir string) error {
 // Open loads the datapath's programs and maps, adopting the maps already
 // pinned by name in pinDir (a directory on a bpffs) and pinning the others
 // there, so that state survives the agent. Programs are attached only by
-// the Attach methods. The conntrack map is adopted only if it fits
-// opts.ConntrackSize; otherwise a new one is pinned and the old one kept for
-// MigrateConntrack.
+// the Attach methods. The conntrack map is adopted only if it has
+// opts.ConntrackFormat and fits opts.ConntrackSize; otherwise a new one is
+// pinned, and a previous one (another size, or the other format) is kept:
+// the new programs look up what it holds until MigrateConntrack has copied
+// it (conntrack.h, ct_lookup).
 func Open(pinDir string, opts Options) (*Datapath, error) {
 	if opts.ConntrackSize == 0 {
 		opts.ConntrackSize = DefaultConntrackSize
+	}
+	if opts.ConntrackFormat == 0 {
+		opts.ConntrackFormat = DefaultConntrackFormat
+	}
+	if _, err := opts.ConntrackFormat.layout(); err != nil {
+		return nil, err
 	}
 	if err := CheckKernel(); err != nil {
 		return nil, err
@@ -198,22 +224,34 @@ func Open(pinDir string, opts Options) (*Datapath, error) {
 		d.mode = AttachClsact
 	}
 
-	spec, err := loadDatapath()
+	load := loadDatapathV2
+	if opts.ConntrackFormat == ConntrackFormatV1 {
+		load = loadDatapathV1
+	}
+	spec, err := load()
 	if err != nil {
 		return nil, fmt.Errorf("load datapath spec: %w", err)
 	}
 	if opts.SNATPortUnchecked {
-		if err := spec.Variables[datapathVarDpcFaultSnatPortUnchecked].Set(uint32(1)); err != nil {
+		if err := spec.Variables[datapathV2VarDpcFaultSnatPortUnchecked].Set(uint32(1)); err != nil {
 			return nil, fmt.Errorf("set the fault snat-port-unchecked: %w", err)
 		}
 	}
 
 	ctSpec := spec.Maps[ConntrackMapName]
+	ctSpec.Name = opts.ConntrackFormat.PinName()
 	ctSpec.MaxEntries = opts.ConntrackSize
 	if opts.UnpinnedConntrack {
 		ctSpec.Pinning = ebpf.PinNone
-	} else if d.prevCT, err = setAsideConntrack(pinDir, ctSpec); err != nil {
-		return nil, err
+	} else {
+		if d.prevCT, err = previousConntracks(pinDir, ctSpec, opts.ConntrackFormat); err != nil {
+			return nil, err
+		}
+		if opts.NoConntrackMigration {
+			if err := d.dropPrevious(); err != nil {
+				return nil, err
+			}
+		}
 	}
 
 	oldEP, err := unpinIncompatible(pinDir, spec.Maps[EndpointsMapName])
@@ -240,11 +278,16 @@ func Open(pinDir string, opts Options) (*Datapath, error) {
 
 	d.frontends = newMap[FrontendKey, FrontendValue](FrontendsMapName, d.objs.DpcFrontends)
 	d.backends = newMap[BackendKey, BackendValue](BackendsMapName, d.objs.DpcBackends)
-	d.conntrack = newMap[ConntrackKey, ConntrackValue](ConntrackMapName, d.objs.DpcConntrack)
+	d.conntrack = newMap[ConntrackKey, ConntrackValue](ctSpec.Name, d.objs.DpcConntrack)
+	d.conntrack.encode = func(v ConntrackValue) any { return formatted{v, opts.ConntrackFormat} }
 	d.endpoints = newMap[uint32, EndpointValue](EndpointsMapName, d.objs.DpcEndpoints)
 	d.ipsets = newMap[IPSetKey, IPSetValue](IPSetsMapName, d.objs.DpcIpsets)
 	d.policy = newMap[PolicyKey, PolicyRule](PolicyMapName, d.objs.DpcPolicy)
 	d.config = newMap[uint32, Config](ConfigMapName, d.objs.DpcConfig)
+	if err := d.bindPrevious(); err != nil {
+		d.Close()
+		return nil, err
+	}
 	if oldEP != nil {
 		if err := d.adoptEndpoints(oldEP); err != nil {
 			d.Close()
@@ -304,46 +347,6 @@ func (d *Datapath) adoptEndpoints(old *ebpf.Map) error {
 	return nil
 }
 
-// setAsideConntrack moves a pinned conntrack map that does not fit spec to
-// PreviousConntrackPinName, and returns the map pinned there, if any.
-func setAsideConntrack(pinDir string, spec *ebpf.MapSpec) (*ebpf.Map, error) {
-	cur := filepath.Join(pinDir, ConntrackMapName)
-	old := filepath.Join(pinDir, PreviousConntrackPinName)
-	m, err := ebpf.LoadPinnedMap(cur, nil)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-	case err != nil:
-		return nil, fmt.Errorf("load pinned conntrack %s: %w", cur, err)
-	default:
-		incompatible := spec.Compatible(m)
-		m.Close()
-		if incompatible != nil {
-			// An older pending copy is superseded by this one.
-			if err := os.Remove(old); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return nil, fmt.Errorf("remove superseded %s: %w", old, err)
-			}
-			if err := os.Rename(cur, old); err != nil {
-				return nil, fmt.Errorf("set aside conntrack that does not fit (%v): %w", incompatible, err)
-			}
-		}
-	}
-	m, err = ebpf.LoadPinnedMap(old, nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, fmt.Errorf("load previous conntrack %s: %w", old, err)
-	}
-	return m, nil
-}
-
-func (d *Datapath) closePrev() {
-	if d.prevCT != nil {
-		d.prevCT.Close()
-		d.prevCT = nil
-	}
-}
-
 // Close releases the datapath's file descriptors. Pinned maps and attached
 // programs stay: traffic keeps flowing while no agent runs.
 func (d *Datapath) Close() error {
@@ -394,46 +397,4 @@ func (d *Datapath) SetConfig(hostIP netip.Addr, hostIfindex int) error {
 // Config returns what SetConfig recorded (zero values before it).
 func (d *Datapath) Config() (Config, error) {
 	return d.config.Lookup(0)
-}
-
-// PreviousConntrack returns the conntrack map that a previous run pinned
-// with another size or layout, if it has not been migrated yet, else nil.
-func (d *Datapath) PreviousConntrack() *ebpf.Map { return d.prevCT }
-
-// MigrateConntrack copies the entries of the previous conntrack map into the
-// current one (entries the current map already has win), then unpins and
-// releases the previous map. Call it after the programs have been attached,
-// so that no program writes the previous map any more. It returns the number
-// of entries copied; with no previous map it does nothing.
-func (d *Datapath) MigrateConntrack() (int, error) {
-	if d.prevCT == nil {
-		return 0, nil
-	}
-	var (
-		k ConntrackKey
-		v ConntrackValue
-		n int
-	)
-	it := d.prevCT.Iterate()
-	for it.Next(&k, &v) {
-		err := d.objs.DpcConntrack.Update(k, v, ebpf.UpdateNoExist)
-		if err != nil && !errors.Is(err, ebpf.ErrKeyExist) {
-			return n, fmt.Errorf("migrate conntrack entry %v: %w", k, err)
-		}
-		if err == nil {
-			n++
-		}
-	}
-	if err := it.Err(); err != nil {
-		return n, fmt.Errorf("migrate conntrack: iterate previous map: %w", err)
-	}
-	if err := d.prevCT.Unpin(); err != nil {
-		return n, fmt.Errorf("migrate conntrack: unpin previous map: %w", err)
-	}
-	// Loaded from a pin, the map may not know its path: make sure it is gone.
-	if err := os.Remove(filepath.Join(d.pinDir, PreviousConntrackPinName)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return n, fmt.Errorf("migrate conntrack: remove previous pin: %w", err)
-	}
-	d.closePrev()
-	return n, nil
 }

@@ -14,10 +14,21 @@ import (
 type Map[K comparable, V any] struct {
 	name string
 	m    *ebpf.Map
+	// encode, if set, gives a value the encoding the map's format needs (the
+	// conntrack map's values come in two formats); else V encodes itself.
+	encode func(V) any
 }
 
 func newMap[K comparable, V any](name string, m *ebpf.Map) *Map[K, V] {
 	return &Map[K, V]{name: name, m: m}
+}
+
+// value is v as the map stores it.
+func (m *Map[K, V]) value(v V) any {
+	if m.encode != nil {
+		return m.encode(v)
+	}
+	return v
 }
 
 // Name is the map's name, which is also its pin name.
@@ -39,7 +50,7 @@ func (m *Map[K, V]) Lookup(k K) (V, error) {
 
 // Put creates or replaces the entry for k.
 func (m *Map[K, V]) Put(k K, v V) error {
-	if err := m.m.Update(k, v, ebpf.UpdateAny); err != nil {
+	if err := m.m.Update(k, m.value(v), ebpf.UpdateAny); err != nil {
 		return fmt.Errorf("put %v in %s: %w", k, m.name, err)
 	}
 	return nil

@@ -47,10 +47,14 @@ static __always_inline int track_nat(const struct ct_key *k, const struct backen
 
 	if (bpf_map_update_elem(&dpc_conntrack, k, &v, BPF_ANY) < 0)
 		return -1;
+	ct_mirror(k, &v);
 	v.flags |= DPC_CT_REPLY;
 	v.nat_addr = k->dst;
 	v.nat_port = k->dport;
-	return bpf_map_update_elem(&dpc_conntrack, &r, &v, BPF_ANY);
+	if (bpf_map_update_elem(&dpc_conntrack, &r, &v, BPF_ANY) < 0)
+		return -1;
+	ct_mirror(&r, &v);
+	return 0;
 }
 
 #endif /* DPC_NAT_H */

@@ -33,6 +33,7 @@
 struct pkt {
 	struct ct_key tuple;
 	__u32 l4_off;
+	__u32 len; /* skb->len: what format 2's byte counters add */
 	__u8 tcp_flags;
 };
 
@@ -68,6 +69,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p)
 	p->tuple.sport = ports[0];
 	p->tuple.dport = ports[1];
 	p->tuple.proto = ip.protocol;
+	p->len = skb->len;
 	return 0;
 }
 

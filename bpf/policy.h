@@ -138,12 +138,15 @@ static __always_inline int ingress_admit(const struct endpoint_value *ep, __u32 
 	if (policy_denies(ep, ifindex, DPC_DIR_INGRESS, &p->tuple))
 		return 0;
 	ct->flags |= DPC_CT_INGRESS_OK;
+	ct_mirror(k, ct);
 	if (!(ct->flags & DPC_CT_REPLY)) {
 		/* No NAT: the replies match the flow's reply entry. */
 		reverse(k, &r);
-		rev = bpf_map_lookup_elem(&dpc_conntrack, &r);
-		if (rev && (rev->flags & DPC_CT_REPLY))
+		rev = ct_lookup(&r);
+		if (rev && (rev->flags & DPC_CT_REPLY)) {
 			rev->flags |= DPC_CT_INGRESS_OK;
+			ct_mirror(&r, rev);
+		}
 	}
 	return 1;
 }
@@ -165,9 +168,12 @@ static __always_inline void ingress_restart(const struct ct_key *k, struct ct_va
 	} else {
 		reverse(k, &r);
 	}
-	rev = bpf_map_lookup_elem(&dpc_conntrack, &r);
-	if (rev && (rev->flags & DPC_CT_REPLY) && (rev->flags & DPC_CT_INGRESS_OK))
+	ct_mirror(k, ct);
+	rev = ct_lookup(&r);
+	if (rev && (rev->flags & DPC_CT_REPLY) && (rev->flags & DPC_CT_INGRESS_OK)) {
 		rev->flags &= ~DPC_CT_INGRESS_OK;
+		ct_mirror(&r, rev);
+	}
 }
 
 #endif /* DPC_POLICY_H */

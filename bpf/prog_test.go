@@ -443,48 +443,6 @@ func TestStateSurvivesReopen(t *testing.T) {
 	}
 }
 
-func TestConntrackResizeMigration(t *testing.T) {
-	requireBPF(t)
-	dir := bpffs(t)
-	d, err := Open(dir, Options{ConntrackSize: 1024})
-	must(t, err)
-	must(t, d.Endpoints().Put(testIfindex, EndpointValue{PodIP: ip("10.244.0.5")}))
-	service(t, d, clusterIP, TCP, 1, remotePod)
-	_, first := runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpSYN))
-	must(t, d.Close())
-
-	d = open(t, dir, Options{ConntrackSize: 2048})
-	if d.PreviousConntrack() == nil {
-		t.Fatal("no previous conntrack after resize")
-	}
-	if info, err := d.Conntrack().Raw().Info(); err != nil || info.MaxEntries != 2048 {
-		t.Fatalf("conntrack info %+v, %v", info, err)
-	}
-	if all, _ := d.Conntrack().All(); len(all) != 0 {
-		t.Errorf("new conntrack has %d entries before migration", len(all))
-	}
-	n, err := d.MigrateConntrack()
-	must(t, err)
-	if n != 2 {
-		t.Errorf("migrated %d entries, want 2", n)
-	}
-	if _, err := os.Stat(filepath.Join(dir, PreviousConntrackPinName)); !errors.Is(err, os.ErrNotExist) {
-		t.Errorf("previous conntrack still pinned: %v", err)
-	}
-	r, got := runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpACK))
-	expect(t, "ACK after migration", r, got, tcActOK, MarkSeen, clientPod, first.Dst.String())
-
-	// The same size again: adopted, nothing to migrate.
-	must(t, d.Close())
-	d = open(t, dir, Options{ConntrackSize: 2048})
-	if d.PreviousConntrack() != nil {
-		t.Error("previous conntrack without a resize")
-	}
-	if all, _ := d.Conntrack().All(); len(all) != 2 {
-		t.Errorf("adopted conntrack has %d entries, want 2", len(all))
-	}
-}
-
 func TestRemoveUnpinsMaps(t *testing.T) {
 	requireBPF(t)
 	dir := bpffs(t)

@@ -56,10 +56,12 @@ static __always_inline __be16 snat_pick(const struct pkt *p, struct ct_key *sk,
 	for (i = 0; i < DPC_SNAT_TRIES; i++) {
 		cand = bpf_htons(DPC_SNAT_PORT_MIN + (h + i) % SNAT_PORTS);
 		sk->dport = cand;
-		o = bpf_map_lookup_elem(&dpc_conntrack, sk);
+		o = ct_lookup(sk);
 		if (!o) {
-			if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_NOEXIST) == 0)
+			if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_NOEXIST) == 0) {
+				ct_mirror(sk, sv);
 				return cand; /* free: the first choice */
+			}
 			o = bpf_map_lookup_elem(&dpc_conntrack, sk); /* just taken */
 			if (!o)
 				continue;
@@ -86,22 +88,23 @@ static __always_inline __be16 snat_pick(const struct pkt *p, struct ct_key *sk,
 	/* No free port: take over the least recently seen reusable entry,
 	 * unless a packet of its flow came meanwhile. */
 	sk->dport = victim;
-	o = bpf_map_lookup_elem(&dpc_conntrack, sk);
+	o = ct_lookup(sk);
 	if (o && !dpc_fault_snat_port_unchecked && !snat_reusable(o, p->tuple.proto, now))
 		return 0;
 	if (bpf_map_update_elem(&dpc_conntrack, sk, sv, BPF_ANY) < 0)
 		return 0;
+	ct_mirror(sk, sv);
 	return victim;
 }
 
 /* snat gives a NodePort flow that leaves the host interface towards a remote
  * backend the host IP as source, with a port from the SNAT range, so that
  * the backend's replies come back through this node. rev is the flow's reply
- * entry; the flow's SNAT reply entry (keyed by the backend -> host IP:port
- * tuple) is refreshed by the client's packets here, and by the backend's at
- * host ingress. */
-static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, struct ct_value *rev,
-				__u64 now)
+ * entry (keyed rk); the flow's SNAT reply entry (keyed by the backend -> host
+ * IP:port tuple) is refreshed by the client's packets here, and by the
+ * backend's at host ingress. */
+static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, const struct ct_key *rk,
+				struct ct_value *rev, __u64 now)
 {
 	__u32 zero = 0;
 	struct config_value *cfg = bpf_map_lookup_elem(&dpc_config, &zero);
@@ -128,14 +131,16 @@ static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, struct ct_
 	if (rev->flags & DPC_CT_SNAT) {
 		port = rev->snat_port;
 		sk.dport = port;
-		o = bpf_map_lookup_elem(&dpc_conntrack, &sk);
+		o = ct_lookup(&sk);
 		if (o && snat_owned(o, &sv)) {
 			touch(o, p, now); /* the client's FIN or RST closes it too */
 			return rewrite(skb, p, 0, cfg->host_ip, port);
 		}
 		/* Evicted by the LRU: take the port again if it is still free. */
-		if (!o && bpf_map_update_elem(&dpc_conntrack, &sk, &sv, BPF_NOEXIST) == 0)
+		if (!o && bpf_map_update_elem(&dpc_conntrack, &sk, &sv, BPF_NOEXIST) == 0) {
+			ct_mirror(&sk, &sv);
 			return rewrite(skb, p, 0, cfg->host_ip, port);
+		}
 		/* The port went to another flow (this one was closing or idle).
 		 * A late packet of this flow must not reach the backend on the
 		 * other flow's tuple: drop it. A new SYN on this tuple starts a
@@ -146,10 +151,13 @@ static __always_inline int snat(struct __sk_buff *skb, struct pkt *p, struct ct_
 	}
 
 	port = snat_pick(p, &sk, &sv, now);
-	if (!port)
+	if (!port) {
+		ct_mirror(rk, rev);
 		return -1;
+	}
 	rev->snat_port = port;
 	rev->flags |= DPC_CT_SNAT;
+	ct_mirror(rk, rev);
 	return rewrite(skb, p, 0, cfg->host_ip, port);
 }
 

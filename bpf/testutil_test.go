@@ -15,14 +15,13 @@ import (
 
 // Return codes of tc programs (linux/pkt_cls.h).
 const (
-	tcActOK       = 0
 	tcActShot     = 2
 	tcActRedirect = 7
 )
 
 // requireBPF skips (or fails, under DPC_REQUIRE_PRIVILEGED=1) a test that
 // needs root and a kernel that can run the datapath.
-func requireBPF(t *testing.T) {
+func requireBPF(t testing.TB) {
 	t.Helper()
 	privileged.Require(t)
 	if err := CheckKernel(); err != nil {
@@ -35,7 +34,7 @@ func requireBPF(t *testing.T) {
 
 // bpffs mounts a private bpffs for the test and unmounts it afterwards,
 // which drops whatever is still pinned in it.
-func bpffs(t *testing.T) string {
+func bpffs(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	if err := unix.Mount("bpf", dir, "bpf", 0, "mode=0700"); err != nil {
@@ -63,7 +62,7 @@ func open(t *testing.T, pinDir string, opts Options) *Datapath {
 	return d
 }
 
-func must(t *testing.T, err error) {
+func must(t testing.TB, err error) {
 	t.Helper()
 	if err != nil {
 		t.Fatal(err)
@@ -214,15 +213,6 @@ func parsePacket(b []byte) (packet, error) {
 	}
 	return p, nil
 }
-
-// skbCtx is struct __sk_buff as BPF_PROG_RUN takes it: only mark and ifindex
-// may be set among the fields before cb.
-type skbCtx [192]byte
-
-const (
-	skbMarkOff    = 8
-	skbIfindexOff = 40
-)
 
 func (c *skbCtx) mark() uint32 { return binary.NativeEndian.Uint32(c[skbMarkOff:]) }
 

@@ -335,48 +335,76 @@ const (
 	ConntrackBackendGone ConntrackFlags = 1 << 7
 )
 
-// ConntrackValue mirrors struct ct_value.
+// ConntrackValue is a conntrack entry's value, in either format
+// (ConntrackFormat): it mirrors struct ct_value_v2, and format 1 lacks the
+// counters. It decodes from a value of either format (told apart by their
+// sizes) and encodes as the default format, ConntrackFormatV2; the
+// Datapath's conntrack map encodes it in the map's own format.
 type ConntrackValue struct {
 	// CreatedNs and LastSeenNs are CLOCK_MONOTONIC nanoseconds.
 	CreatedNs  uint64
 	LastSeenNs uint64
-	Flags      ConntrackFlags
-	ServiceID  uint32
-	NATAddr    netip.Addr
-	NATPort    uint16
-	SNATPort   uint16
+	// Packets and Bytes count the packets that matched the entry since it was
+	// created (the one that created it not included) or converted from
+	// format 1. Format 2 only: zero when read from a format 1 map, and not
+	// written to one.
+	Packets, Bytes uint64
+	Flags          ConntrackFlags
+	ServiceID      uint32
+	NATAddr        netip.Addr
+	NATPort        uint16
+	SNATPort       uint16
 }
 
-const conntrackValueSize = 32
-
-// MarshalBinary encodes v as struct ct_value.
+// MarshalBinary encodes v in the default format (struct ct_value_v2).
 func (v ConntrackValue) MarshalBinary() ([]byte, error) {
-	b := make([]byte, conntrackValueSize)
-	binary.NativeEndian.PutUint64(b[0:], v.CreatedNs)
-	binary.NativeEndian.PutUint64(b[8:], v.LastSeenNs)
-	binary.NativeEndian.PutUint32(b[16:], uint32(v.Flags))
-	binary.NativeEndian.PutUint32(b[20:], v.ServiceID)
-	if err := putAddr(b[24:28], v.NATAddr, "conntrack NAT"); err != nil {
+	return v.marshal(DefaultConntrackFormat)
+}
+
+// MarshalFormat encodes v in format f, e.g. to fill a map of that format.
+func (v ConntrackValue) MarshalFormat(f ConntrackFormat) ([]byte, error) { return v.marshal(f) }
+
+func (v ConntrackValue) marshal(f ConntrackFormat) ([]byte, error) {
+	l, err := f.layout()
+	if err != nil {
 		return nil, err
 	}
-	binary.BigEndian.PutUint16(b[28:30], v.NATPort)
-	binary.BigEndian.PutUint16(b[30:32], v.SNATPort)
+	b := make([]byte, l.size)
+	binary.NativeEndian.PutUint64(b[l.createdNs:], v.CreatedNs)
+	binary.NativeEndian.PutUint64(b[l.lastSeenNs:], v.LastSeenNs)
+	if l.counters {
+		binary.NativeEndian.PutUint64(b[l.packets:], v.Packets)
+		binary.NativeEndian.PutUint64(b[l.bytes:], v.Bytes)
+	}
+	binary.NativeEndian.PutUint32(b[l.flags:], uint32(v.Flags))
+	binary.NativeEndian.PutUint32(b[l.serviceID:], v.ServiceID)
+	if err := putAddr(b[l.natAddr:l.natAddr+4], v.NATAddr, "conntrack NAT"); err != nil {
+		return nil, err
+	}
+	binary.BigEndian.PutUint16(b[l.natPort:], v.NATPort)
+	binary.BigEndian.PutUint16(b[l.snatPort:], v.SNATPort)
 	return b, nil
 }
 
-// UnmarshalBinary decodes struct ct_value.
+// UnmarshalBinary decodes a value of either format, by its size.
 func (v *ConntrackValue) UnmarshalBinary(b []byte) error {
-	if err := checkLen(b, conntrackValueSize, "conntrack value"); err != nil {
+	f, err := conntrackFormatOfSize(len(b))
+	if err != nil {
 		return err
 	}
+	l := conntrackLayouts[f]
 	*v = ConntrackValue{
-		CreatedNs:  binary.NativeEndian.Uint64(b[0:]),
-		LastSeenNs: binary.NativeEndian.Uint64(b[8:]),
-		Flags:      ConntrackFlags(binary.NativeEndian.Uint32(b[16:])),
-		ServiceID:  binary.NativeEndian.Uint32(b[20:]),
-		NATAddr:    getAddr(b[24:28]),
-		NATPort:    binary.BigEndian.Uint16(b[28:30]),
-		SNATPort:   binary.BigEndian.Uint16(b[30:32]),
+		CreatedNs:  binary.NativeEndian.Uint64(b[l.createdNs:]),
+		LastSeenNs: binary.NativeEndian.Uint64(b[l.lastSeenNs:]),
+		Flags:      ConntrackFlags(binary.NativeEndian.Uint32(b[l.flags:])),
+		ServiceID:  binary.NativeEndian.Uint32(b[l.serviceID:]),
+		NATAddr:    getAddr(b[l.natAddr:]),
+		NATPort:    binary.BigEndian.Uint16(b[l.natPort:]),
+		SNATPort:   binary.BigEndian.Uint16(b[l.snatPort:]),
+	}
+	if l.counters {
+		v.Packets = binary.NativeEndian.Uint64(b[l.packets:])
+		v.Bytes = binary.NativeEndian.Uint64(b[l.bytes:])
 	}
 	return nil
 }

@@ -28,7 +28,49 @@ type Env struct {
 	Budgets Budgets
 	Logf    func(format string, args ...any)
 
-	checks []CheckResult
+	checks    []CheckResult
+	scenarios []ScenarioRecord
+	// upgrade are the spec's Setup.Upgrade options, resolved against Info.
+	upgrade driver.StartOptions
+	// phase tells the runner's progress which phase the spec is in (may be nil).
+	phase func(Phase)
+}
+
+// Phase is a stage of one run of a spec, as progress shows it.
+type Phase string
+
+// The phases of a run, in order. A spec with several scenarios goes through the
+// scenario phases once per scenario.
+const (
+	PhaseTopology    Phase = "topology"     // a fresh topology and its control plane
+	PhaseStart       Phase = "start"        // the implementation started, until ready
+	PhaseWorkloads   Phase = "workloads"    // pods, Services and policies, flows warmed up
+	PhaseSteadyState Phase = "steady state" // traffic runs; preconditions proven
+	PhaseTransition  Phase = "transition"   // the transition's steps
+	PhaseSettle      Phase = "settle"       // traffic runs on after the last step
+	PhaseChecks      Phase = "checks"       // invariants judged
+	PhaseCleanup     Phase = "cleanup"      // diagnostics, driver clean-up, teardown
+)
+
+func (e *Env) enter(p Phase) {
+	if e.phase != nil {
+		e.phase(p)
+	}
+}
+
+// ScenarioRecord is where one scenario's phases fell on the timeline, for the
+// report's chart: traffic from From, the steady state that proved the
+// preconditions, the transition's window, and which checks judged it. A scenario
+// that ended early (a failed precondition) has only what it reached.
+type ScenarioRecord struct {
+	From        monotime.Time `json:"from"`
+	SteadyStart monotime.Time `json:"steadyStart,omitempty"`
+	SteadyEnd   monotime.Time `json:"steadyEnd,omitempty"`
+	Start       monotime.Time `json:"start,omitempty"`
+	End         monotime.Time `json:"end,omitempty"`
+	// Checks are the indices, in the result's checks, of the scenario's
+	// preconditions and checks.
+	Checks []int `json:"checks,omitempty"`
 }
 
 // Traffic is a probe a scenario runs from a host: it starts before the steady state
@@ -88,6 +130,12 @@ type CheckResult struct {
 	Message string            `json:"message,omitempty"`
 	Window  string            `json:"window,omitempty"`
 	Pre     bool              `json:"precondition,omitempty"`
+	// At is when the first violation happened (zero when it is an absence, or for a
+	// State check); Marks are every moment in breach, for the report's chart (saved
+	// with the run's timeline, not in the result), MarksTotal their count.
+	At         monotime.Time   `json:"at,omitempty"`
+	Marks      []matchers.Mark `json:"-"`
+	MarksTotal int             `json:"marksTotal,omitempty"`
 }
 
 // ErrEnvironment marks an error of the environment (a control probe failed, an
@@ -105,6 +153,15 @@ var errPrecondition = errors.New("precondition failed")
 // each keep their mark; anything else is an error of the run.
 func (e *Env) Run(ctx context.Context, sc Scenario) error {
 	from := monotime.Now()
+	e.scenarios = append(e.scenarios, ScenarioRecord{From: from})
+	rec := &e.scenarios[len(e.scenarios)-1]
+	first := len(e.checks)
+	defer func() {
+		for i := first; i < len(e.checks); i++ {
+			rec.Checks = append(rec.Checks, i)
+		}
+	}()
+	e.enter(PhaseSteadyState)
 	var stopVerdicts func() error
 	if sc.Verdicts {
 		stopVerdicts = e.World.PollVerdicts(ctx)
@@ -127,6 +184,7 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 	if err != nil {
 		return err
 	}
+	rec.SteadyStart, rec.SteadyEnd = steady.Start, steady.End
 	for _, c := range sc.Preconditions {
 		ok, err := e.check(ctx, c, steady, true)
 		if err != nil {
@@ -136,6 +194,7 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 			return fmt.Errorf("%w: %s", errPrecondition, c.Name)
 		}
 	}
+	e.enter(PhaseTransition)
 	for _, st := range sc.Transition {
 		e.Logf("step: %s", st.Name)
 		if err := st.Do(ctx, e); err != nil {
@@ -143,6 +202,7 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 		}
 	}
 	settle := cmp.Or(sc.Settle, e.Budgets.Settle)
+	e.enter(PhaseSettle)
 	if err := sleep(ctx, settle); err != nil {
 		return err
 	}
@@ -168,6 +228,8 @@ func (e *Env) Run(ctx context.Context, sc Scenario) error {
 	if win, err = e.transitionWindow(from, settle); err != nil {
 		return err
 	}
+	rec.Start, rec.End = win.Start, win.End
+	e.enter(PhaseChecks)
 	for _, c := range sc.Checks {
 		if _, err := e.check(ctx, c, win, false); err != nil {
 			return err
@@ -238,7 +300,13 @@ func (e *Env) check(ctx context.Context, c Check, win timeline.Window, pre bool)
 	m := c.Matcher.WithDefaults(matchers.MaxBlind(e.Budgets.MaxBlind), matchers.Within(e.Budgets.AliveWithin))
 	ok, err := m.Match(win)
 	res := m.Result()
-	cr := CheckResult{Name: c.Name, Passed: ok && err == nil, Verdict: res.Verdict, Figures: res.Figures, Window: cmp.Or(res.Window, win.String()), Pre: pre}
+	window := cmp.Or(res.Window, win.String())
+	if pre && res.Window == "" {
+		// The steady state holds no transition event yet: say what it is.
+		window = "steady state of " + timeline.Duration(win.Duration().Round(100*time.Millisecond)) + ", before the transition"
+	}
+	cr := CheckResult{Name: c.Name, Passed: ok && err == nil, Verdict: res.Verdict, Figures: res.Figures, Window: window, Pre: pre,
+		At: res.At, Marks: res.Marks, MarksTotal: res.MarksTotal}
 	if err != nil {
 		cr.Message = err.Error()
 		e.checks = append(e.checks, cr)
@@ -280,6 +348,7 @@ func (e *Env) checkState(ctx context.Context, c Check, pre bool) (bool, error) {
 // bracket. With pre, the first check that fails ends the spec as a failed
 // precondition; otherwise a failed check is recorded and judging goes on.
 func (e *Env) Judge(ctx context.Context, pre bool, checks ...Check) error {
+	e.enter(PhaseChecks)
 	for _, c := range checks {
 		if c.State == nil {
 			return fmt.Errorf("check %s: Judge runs State checks; a Matcher judges a scenario's window", c.Name)

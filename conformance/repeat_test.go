@@ -3,6 +3,7 @@ package conformance
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -144,5 +145,91 @@ func TestReportOfASingleRun(t *testing.T) {
 	s := rep.Profiles[0].Specs[0]
 	if s.Passes != "" || s.Runs != nil || s.ChecksFromRun != 0 || s.resultColumn() != "passed" {
 		t.Errorf("single run reported as %+v", s)
+	}
+}
+
+func TestSpreadOverRuns(t *testing.T) {
+	zero := 0.0
+	fig := func(name string, v float64, b *float64) matchers.Figure {
+		return matchers.Figure{Name: name, Value: v, Unit: "attempts", Budget: b}
+	}
+	// Each run's check names the port its run used: the spread still puts them
+	// together, under the first run's name.
+	port := 30000
+	runWith := func(kind ResultKind, figs ...matchers.Figure) Result {
+		port++
+		return Result{ID: "A", Profile: Core, Result: kind, Checks: []CheckResult{{Name: fmt.Sprintf("no failed attempt to :%d", port), Passed: kind == Passed, Figures: figs}}}
+	}
+	runs := []Result{
+		runWith(Passed, fig("failed_attempts", 0, &zero), fig("max_latency", 3, nil)),
+		runWith(Failed, fig("failed_attempts", 14, &zero), fig("max_latency", 9, nil)),
+		runWith(Passed, fig("failed_attempts", 0, &zero), fig("max_latency", 4, nil)),
+		runWith(Passed, fig("failed_attempts", 0, &zero), fig("max_latency", 5, nil)),
+		// A run that ended before its checks measured nothing.
+		{ID: "A", Profile: Core, Result: Errored, Reason: "environment: topology: no space"},
+	}
+	got := spread(runs)
+	want := []FigureSpread{
+		{Check: "no failed attempt to :30001", Figure: "failed_attempts", Unit: "attempts", Budget: &zero, Runs: 4, Min: 0, Median: 0, Max: 14, OverBudget: 1},
+		{Check: "no failed attempt to :30001", Figure: "max_latency", Unit: "attempts", Runs: 4, Min: 3, Median: 4.5, Max: 9},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("spread = %+v, want %+v", got, want)
+	}
+	for i := range want {
+		g, w := got[i], want[i]
+		if g.Check != w.Check || g.Figure != w.Figure || g.Runs != w.Runs || g.Min != w.Min || g.Median != w.Median || g.Max != w.Max || g.OverBudget != w.OverBudget || (g.Budget == nil) != (w.Budget == nil) {
+			t.Errorf("spread[%d] = %+v, want %+v", i, g, w)
+		}
+	}
+	if s := got[0].String(); s != "failed attempts 0 / 0 / 14 (min / median / max of 4 runs; budget 0; over it in 1)" {
+		t.Errorf("String() = %q", s)
+	}
+
+	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, 5, claimsCore, []Result{combine(runs)}, time.Time{})
+	if sp := rep.Profiles[0].Specs[0].Spread; len(sp) != 2 {
+		t.Errorf("the report's spread: %+v", sp)
+	}
+	var out bytes.Buffer
+	steady := combine([]Result{runs[0], runs[2], runs[3]})
+	BuildReport(driverInfo(), "netns", DefaultBudgets, 3, claimsCore, []Result{steady}, time.Time{}).PrintSummary(&out)
+	if !strings.Contains(out.String(), "failed attempts 0/0/0 (min/median/max)") {
+		t.Errorf("the summary of a repeated spec that passed gives its key figures' spread:\n%s", out.String())
+	}
+}
+
+// Of a repeated spec, the timelines of the runs that did not pass are kept, and of
+// those that passed only the one whose checks the result carries.
+func TestKeepTimelines(t *testing.T) {
+	dir := t.TempDir()
+	runs := []Result{run(1, Passed), run(2, Failed), run(3, Passed)}
+	for i := range runs {
+		runs[i].Timeline = timelineFile("A", i+1, 3)
+		p := filepath.Join(dir, runs[i].Timeline)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("x"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	r := &Runner{cfg: Config{OutputDir: dir, Logf: t.Logf}}
+	res := combine(runs)
+	r.keepTimelines(&res)
+	for i, want := range []bool{false, true, false} {
+		_, err := os.Stat(filepath.Join(dir, timelineFile("A", i+1, 3)))
+		if (err == nil) != want {
+			t.Errorf("run %d's timeline kept: %v, want %v", i+1, err == nil, want)
+		}
+	}
+	if res.Timeline != timelineFile("A", 2, 3) {
+		t.Errorf("the result's timeline is %q, want the failed run's", res.Timeline)
+	}
+
+	clean := combine([]Result{run(1, Passed), run(2, Passed)})
+	clean.Runs[0].Timeline, clean.Runs[1].Timeline = "t1", "t2"
+	r.keepTimelines(&clean)
+	if clean.Timeline != "t2" || clean.Runs[0].Timeline != "" {
+		t.Errorf("of clean runs, the last one's timeline is kept: %q, runs %q %q", clean.Timeline, clean.Runs[0].Timeline, clean.Runs[1].Timeline)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -50,6 +51,11 @@ type Implementation struct {
 	Version  string   `json:"version"`
 	Profiles []string `json:"profiles"`
 	Features []string `json:"features"`
+	// Modes, Versions and Settings are the variants its driver's `start` offers
+	// (--mode, --version oldest first, and the keys of --set).
+	Modes    []string `json:"modes,omitempty"`
+	Versions []string `json:"versions,omitempty"`
+	Settings []string `json:"settings,omitempty"`
 }
 
 // ProfileReport is the result of one profile.
@@ -78,6 +84,10 @@ type SpecReport struct {
 	Passes string `json:"passes,omitempty"`
 	// Runs are each run's result, in order, for a spec that ran more than once.
 	Runs []RunReport `json:"runs,omitempty"`
+	// Spread is, for a spec that ran more than once, each figure's smallest, median
+	// and largest value over the runs that measured it: a vendor tells a flaky
+	// implementation from a broken one by it.
+	Spread []FigureSpread `json:"spread,omitempty"`
 	// ChecksFromRun is the run whose checks the report carries (the first failed,
 	// else the first errored, else the last), for a spec that ran more than once.
 	ChecksFromRun int           `json:"checksFromRun,omitempty"`
@@ -88,6 +98,92 @@ type SpecReport struct {
 	// HostSettings are the host-wide kernel settings the implementation changed
 	// during the spec, e.g. "kernel.timer_migration 1 -> 0 (restored)".
 	HostSettings []string `json:"hostSettings,omitempty"`
+	// Starts are the start calls the spec made, one per variant, in order, e.g.
+	// "start --version v1", "start --version v2" for an upgrade.
+	Starts []string `json:"starts,omitempty"`
+	// Timeline is the raw timeline of the run the checks are from (gzipped JSON,
+	// relative to the report), from which report.html draws its charts.
+	Timeline string `json:"timeline,omitempty"`
+}
+
+// FigureSpread is one figure of a check over the runs of a repeated spec.
+type FigureSpread struct {
+	Check  string   `json:"check"`
+	Figure string   `json:"figure"`
+	Unit   string   `json:"unit,omitempty"`
+	Budget *float64 `json:"budget,omitempty"`
+	// Runs is how many runs measured it (a run that ended early measured less).
+	Runs   int     `json:"runs"`
+	Min    float64 `json:"min"`
+	Median float64 `json:"median"`
+	Max    float64 `json:"max"`
+	// OverBudget counts the runs in which it exceeded its budget.
+	OverBudget int `json:"overBudget,omitempty"`
+}
+
+// String renders the spread for people: "failed attempts 0 / 0 / 14 (min / median /
+// max of 20 runs; budget 0; over it in 1)".
+func (f FigureSpread) String() string {
+	unit := ""
+	if f.Unit == "ms" {
+		unit = " ms"
+	}
+	s := fmt.Sprintf("%s %s / %s / %s%s (min / median / max of %d runs", strings.ReplaceAll(f.Figure, "_", " "), num(f.Min), num(f.Median), num(f.Max), unit, f.Runs)
+	if f.Budget != nil {
+		s += "; budget " + num(*f.Budget) + unit
+		if f.OverBudget > 0 {
+			s += fmt.Sprintf("; over it in %d", f.OverBudget)
+		}
+	}
+	return s + ")"
+}
+
+// spread computes the figures' spread over runs, in the order the figures first
+// appear. A check is known by its place among the run's checks, which every run of a
+// spec records in the same order, not by its name: a name may hold what differs from
+// run to run (a NodePort, an address).
+func spread(runs []Result) []FigureSpread {
+	type key struct {
+		check  int
+		figure string
+	}
+	var order []key
+	values := map[key][]float64{}
+	first := map[key]matchers.Figure{}
+	names := map[key]string{}
+	over := map[key]int{}
+	for _, run := range runs {
+		for i, c := range run.Checks {
+			name := c.Name
+			if c.Pre {
+				name = "precondition: " + name
+			}
+			for _, f := range c.Figures {
+				k := key{i, f.Name}
+				if _, ok := values[k]; !ok {
+					order = append(order, k)
+					first[k], names[k] = f, name
+				}
+				values[k] = append(values[k], f.Value)
+				if !f.Within() {
+					over[k]++
+				}
+			}
+		}
+	}
+	var out []FigureSpread
+	for _, k := range order {
+		vs := values[k]
+		slices.Sort(vs)
+		med := vs[len(vs)/2]
+		if len(vs)%2 == 0 {
+			med = (vs[len(vs)/2-1] + vs[len(vs)/2]) / 2
+		}
+		f := first[k]
+		out = append(out, FigureSpread{Check: names[k], Figure: k.figure, Unit: f.Unit, Budget: f.Budget, Runs: len(vs),
+			Min: vs[0], Median: med, Max: vs[len(vs)-1], OverBudget: over[k]})
+	}
+	return out
 }
 
 // RunReport is one run of a repeated spec, without its checks.
@@ -133,6 +229,7 @@ func BuildReport(info driver.Info, topology string, budgets Budgets, repeat int,
 		Implementation: Implementation{
 			Name: info.Name, Version: info.Version,
 			Profiles: info.Profiles, Features: info.Features,
+			Modes: info.Modes, Versions: info.Versions, Settings: info.Settings,
 		},
 		Topology:  topology,
 		Budgets:   budgets.Values(),
@@ -201,10 +298,11 @@ func (rep Report) Certified() error {
 }
 
 func specReport(r Result) SpecReport {
-	sr := SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics}
+	sr := SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics, Starts: r.Starts, Timeline: filepath.ToSlash(r.Timeline)}
 	if len(r.Runs) > 0 {
 		k, n := r.Passes()
 		sr.Passes, sr.ChecksFromRun = fmt.Sprintf("%d of %d", k, n), r.ChecksFrom
+		sr.Spread = spread(r.Runs)
 	}
 	for _, h := range r.HostSettings {
 		sr.HostSettings = append(sr.HostSettings, h.String())
@@ -299,7 +397,10 @@ func (rep Report) PrintSummary(out io.Writer) {
 		fmt.Fprintf(tw, "\n%s\t%s\t%s\n", p.Name, strings.ToUpper(string(p.Result)), p.Summary)
 		for _, s := range p.Specs {
 			detail := s.Reason
-			if s.Result == Passed {
+			switch {
+			case s.Result == Passed && len(s.Spread) > 0:
+				detail = keySpread(s)
+			case s.Result == Passed:
 				detail = keyFigures(s)
 			}
 			fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.ID, s.resultColumn(), detail)
@@ -320,6 +421,26 @@ func (s SpecReport) resultColumn() string {
 // budget: failed new connections, stream resets and gaps, a UDP flow's unanswered
 // datagrams and how late after its change the last one was sent.
 var keyFigure = map[string]bool{"failed_attempts": true, "max_gap": true, "resets": true, "unanswered": true, "last_unanswered": true}
+
+// keySpread is keyFigures for a repeated spec: each key figure's spread over the runs.
+func keySpread(s SpecReport) string {
+	var parts []string
+	seen := map[string]bool{}
+	for _, f := range s.Spread {
+		if f.Budget != nil && !seen[f.Figure] && keyFigure[f.Figure] && !strings.HasPrefix(f.Check, "precondition: ") {
+			seen[f.Figure] = true
+			unit := ""
+			if f.Unit == "ms" {
+				unit = " ms"
+			}
+			parts = append(parts, fmt.Sprintf("%s %s/%s/%s%s", strings.ReplaceAll(f.Figure, "_", " "), num(f.Min), num(f.Median), num(f.Max), unit))
+		}
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return strings.Join(parts, "; ") + " (min/median/max)"
+}
 
 // keyFigures picks the figures with budgets, for a passed spec's summary line.
 func keyFigures(s SpecReport) string {

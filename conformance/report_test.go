@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
@@ -140,4 +141,51 @@ func TestBudgets(t *testing.T) {
 
 func driverInfo() driver.Info {
 	return driver.Info{Name: "x", Version: "1", Profiles: []string{"Core"}, Features: []string{"ClusterIP", "NodePort", "TCP"}}
+}
+
+// The report says which variants the implementation offers and which ones each
+// spec started, so that an upgrade's result names the versions it ran.
+func TestReportRecordsStarts(t *testing.T) {
+	info := driverInfo()
+	info.Versions, info.Settings = []string{"v1", "v2"}, []string{"ct-size"}
+	rep := BuildReport(info, "netns", DefaultBudgets, 1, claimsCore,
+		[]Result{{ID: "A", Profile: Core, Result: Passed, Starts: []string{"start --version v1", "start --version v2"}}}, time.Time{})
+	path := filepath.Join(t.TempDir(), "report.yaml")
+	if err := rep.WriteYAML(path); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"versions:\n  - v1\n  - v2", "settings:\n  - ct-size", "starts:\n    - start --version v1\n    - start --version v2"} {
+		if !strings.Contains(string(data), want) {
+			t.Errorf("report.yaml lacks %q:\n%s", want, data)
+		}
+	}
+	combined := combine([]Result{{ID: "A", Result: Passed, Starts: []string{"start", "start --set ct-size=8"}}, {ID: "A", Result: Passed, Starts: []string{"start", "start --set ct-size=8"}}})
+	if strings.Join(combined.Starts, "|") != "start|start --set ct-size=8" {
+		t.Errorf("the starts of two runs combine to %q", combined.Starts)
+	}
+}
+
+// A spec whose upgrade the implementation cannot make is skipped, with the reason,
+// as one whose start it cannot make is.
+func TestSelectedChecksTheUpgrade(t *testing.T) {
+	info := driver.Info{Name: "x", Profiles: []string{"Upgrade"}, Features: []string{"ClusterIP", "NodePort", "TCP"}, Versions: []string{"v1"}, Settings: []string{"ct-size"}}
+	r := &Runner{info: info}
+	body := func(context.Context, *Env) error { return nil }
+	for _, tc := range []struct {
+		setup Setup
+		why   string
+	}{
+		{Setup{Start: driver.StartOptions{Set: map[string]string{"ct-size": "1"}}, Upgrade: driver.StartOptions{Set: map[string]string{"ct-size": "2"}}}, ""},
+		{Setup{Start: driver.StartOptions{Version: driver.VersionPrevious}, Upgrade: driver.StartOptions{Version: driver.VersionLatest}}, "x offers one version (v1): @previous needs 2"},
+		{Setup{Upgrade: driver.StartOptions{Set: map[string]string{"ct-max": "2"}}}, `x does not offer setting "ct-max" (settings: ct-size)`},
+	} {
+		ok, why, _ := r.Selected(Spec{ID: "U", Profile: Upgrade, Setup: tc.setup, Body: body})
+		if ok != (tc.why == "") || !strings.Contains(why, tc.why) {
+			t.Errorf("Selected(%+v) = %v %q, want %q", tc.setup, ok, why, tc.why)
+		}
+	}
 }

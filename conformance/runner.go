@@ -5,12 +5,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/dpconform/dpconform/fv/driver"
@@ -49,9 +52,31 @@ type Config struct {
 	// Repeat is how many times each selected spec runs, each in a fresh world (0:
 	// once). A spec passes only if every run passes.
 	Repeat int
-	// Logf reports progress; ProbeStderr receives probes' stderr. Both may be nil.
+	// Logf reports what the run does in detail; ProbeStderr receives probes' stderr.
+	// Both may be nil.
 	Logf        func(format string, args ...any)
 	ProbeStderr io.Writer
+	// Progress, if set, is told which spec of how many runs, each phase it enters,
+	// and each result (ProgressPrinter prints it for people).
+	Progress func(Progress)
+}
+
+// Progress is one step of a run, for a person watching it.
+type Progress struct {
+	ID string
+	// Index counts the specs that ran so far, this one included; Total is how many
+	// will run (Runner.SetTotal; 0 when unknown).
+	Index, Total int
+	// Run is this run of the spec, of Runs (--repeat).
+	Run, Runs int
+	// Phase is the phase this run of the spec entered; empty once it ended.
+	Phase Phase
+	// Started is when this run of the spec started.
+	Started time.Time
+	// Result is set once a run ended (Phase empty): the run's, and with Final the
+	// spec's, all its runs combined.
+	Result *Result
+	Final  bool
 }
 
 // Result is the outcome of one spec.
@@ -77,12 +102,19 @@ type Result struct {
 	// Optional is set on a spec skipped only because the implementation does not
 	// claim an optional feature it needs: that skip does not keep its profile from
 	// passing.
-	Optional bool `json:"-"`
+	Optional bool `json:"optional,omitempty"`
 	// Message is the full failure message (timelines included) for people.
-	Message string `json:"-"`
+	Message string `json:"message,omitempty"`
 	// HostSettings are the host-wide kernel settings the run changed (of every run),
 	// and whether the runner could put them back.
 	HostSettings []HostSetting `json:"hostSettings,omitempty"`
+	// Starts are the distinct start calls the spec made (of every run), e.g.
+	// "start --version v1", "start --version v2": the variants it ran.
+	Starts []string `json:"starts,omitempty"`
+	// Timeline is the run's raw timeline (TimelineRecord), relative to the output
+	// directory; of a spec that ran more than once, the timeline of the run whose
+	// checks it carries (each run keeps its own in Runs).
+	Timeline string `json:"timeline,omitempty"`
 }
 
 // FailedKinds returns the kinds of the spec's failure and of its failed checks.
@@ -103,6 +135,9 @@ func (r Result) FailedKinds() []FailureKind {
 type Runner struct {
 	cfg  Config
 	info driver.Info
+
+	mu           sync.Mutex
+	index, total int
 }
 
 // NewRunner asks the implementation for its info once, and refuses an implementation
@@ -150,6 +185,20 @@ func (r *Runner) Budgets() Budgets { return r.cfg.Budgets }
 // Repeat is how many times each selected spec runs.
 func (r *Runner) Repeat() int { return r.cfg.Repeat }
 
+// SetTotal tells progress how many specs this run will run.
+func (r *Runner) SetTotal(n int) {
+	r.mu.Lock()
+	r.total = n
+	r.mu.Unlock()
+}
+
+// progress reports p with the spec's place in the run.
+func (r *Runner) progress(p Progress) {
+	if r.cfg.Progress != nil {
+		r.cfg.Progress(p)
+	}
+}
+
 // Claimed reports whether profile p is claimed by the implementation and selected
 // for this run: the profiles a run certifies.
 func (r *Runner) Claimed(p Profile) bool {
@@ -174,8 +223,10 @@ func (r *Runner) Selected(s Spec) (ok bool, why string, optional bool) {
 	if len(missing) > 0 {
 		return false, fmt.Sprintf("%s does not claim feature %s", r.info.Name, strings.Join(missing, ", ")), true
 	}
-	if err := r.info.Offers(s.Setup.Start); err != nil {
-		return false, err.Error(), false
+	for _, o := range []driver.StartOptions{s.Setup.Start, s.Setup.Upgrade} {
+		if err := r.info.Offers(o); err != nil {
+			return false, err.Error(), false
+		}
 	}
 	return true, "", false
 }
@@ -187,17 +238,55 @@ func (r *Runner) Run(ctx context.Context, s Spec) Result {
 	if ok, why, optional := r.Selected(s); !ok {
 		return Result{ID: s.ID, Profile: s.Profile, Description: s.Description, Result: Skipped, Reason: why, Optional: optional}
 	}
+	r.mu.Lock()
+	r.index++
+	p := Progress{ID: s.ID, Index: r.index, Total: r.total, Runs: r.cfg.Repeat}
+	r.mu.Unlock()
 	runs := make([]Result, r.cfg.Repeat)
 	for i := range runs {
 		if len(runs) > 1 {
 			r.cfg.Logf("%s: run %d of %d", s.ID, i+1, len(runs))
 		}
-		runs[i] = r.runOnce(ctx, s, diagnosticsDir(s.ID, i+1, len(runs)))
+		p.Run, p.Started = i+1, time.Now()
+		phase := func(ph Phase) {
+			p := p
+			p.Phase = ph
+			r.progress(p)
+		}
+		runs[i] = r.runOnce(ctx, s, i+1, len(runs), phase)
+		done := p
+		done.Result = &runs[i]
+		done.Final = len(runs) == 1
+		r.progress(done)
 	}
 	if len(runs) == 1 {
 		return runs[0]
 	}
-	return combine(runs)
+	res := combine(runs)
+	r.keepTimelines(&res)
+	final := p
+	final.Result, final.Final = &res, true
+	r.progress(final)
+	return res
+}
+
+// keepTimelines removes the saved timelines of a repeated spec's runs that passed,
+// but for the one whose checks the result carries: what a reader needs of twenty
+// clean runs is one of them, and every run that did not pass.
+func (r *Runner) keepTimelines(res *Result) {
+	for i := range res.Runs {
+		run := &res.Runs[i]
+		if run.Result != Passed || i+1 == res.ChecksFrom || run.Timeline == "" {
+			continue
+		}
+		if err := os.Remove(filepath.Join(r.cfg.OutputDir, run.Timeline)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			r.cfg.Logf("%s: %v", res.ID, err)
+		}
+		run.Timeline = ""
+	}
+	if res.ChecksFrom > 0 {
+		res.Timeline = res.Runs[res.ChecksFrom-1].Timeline
+	}
 }
 
 // diagnosticsDir is where run i of n of a spec keeps its diagnostics, relative to the
@@ -222,6 +311,11 @@ func combine(runs []Result) Result {
 		res.Duration += run.Duration
 		res.Diagnostics = append(res.Diagnostics, run.Diagnostics...)
 		res.HostSettings = append(res.HostSettings, run.HostSettings...)
+		for _, st := range run.Starts {
+			if !slices.Contains(res.Starts, st) {
+				res.Starts = append(res.Starts, st)
+			}
+		}
 	}
 	kept := len(runs) - 1
 	switch {
@@ -272,8 +366,9 @@ func (r Result) Passes() (passed, of int) {
 
 // runOnce runs a selected spec once in a world of its own; the driver's diagnostics
 // of a failed run go to the directory diagnostics, under OutputDir.
-func (r *Runner) runOnce(ctx context.Context, s Spec, diagnostics string) (res Result) {
+func (r *Runner) runOnce(ctx context.Context, s Spec, run, runs int, phase func(Phase)) (res Result) {
 	res = Result{ID: s.ID, Profile: s.Profile, Description: s.Description}
+	diagnostics := diagnosticsDir(s.ID, run, runs)
 	start := time.Now()
 	defer func() { res.Duration = time.Since(start).Round(time.Millisecond) }()
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.SpecTimeout)
@@ -289,6 +384,7 @@ func (r *Runner) runOnce(ctx context.Context, s Spec, diagnostics string) (res R
 		}
 	}()
 	r.cfg.Logf("%s: setting up the topology", s.ID)
+	phase(PhaseTopology)
 	topo, err := r.cfg.NewTopology(ctx, r.info)
 	if err != nil {
 		res.Result, res.Reason = Errored, "environment: topology: "+err.Error()
@@ -301,10 +397,14 @@ func (r *Runner) runOnce(ctx context.Context, s Spec, diagnostics string) (res R
 	}()
 	w := harness.New(topo, r.cfg.Driver, r.cfg.Probe)
 	w.ProbeStderr = r.cfg.ProbeStderr
-	w.StartOptions = s.Setup.Start
 	w.ReadyTimeout = r.cfg.Budgets.Ready
-	env := &Env{World: w, Topo: topo, Info: r.info, Budgets: r.cfg.Budgets, Logf: r.cfg.Logf}
+	env := &Env{World: w, Topo: topo, Info: r.info, Budgets: r.cfg.Budgets, Logf: r.cfg.Logf, phase: phase}
+	// Selected checked that info offers them.
+	w.StartOptions, _ = r.info.Resolve(s.Setup.Start)
+	env.upgrade, _ = r.info.Resolve(s.Setup.Upgrade)
+	defer func() { res.Starts = w.Starts() }()
 	defer func() {
+		phase(PhaseCleanup)
 		cctx, ccancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer ccancel()
 		if res.Result == Failed || res.Result == Errored {
@@ -320,9 +420,11 @@ func (r *Runner) runOnce(ctx context.Context, s Spec, diagnostics string) (res R
 		res.Result, res.Reason = Errored, "environment: control probe: "+err.Error()
 		return res
 	}
+	phase(PhaseStart)
 	err = r.setUp(ctx, w, s.Setup)
 	if err == nil {
 		r.cfg.Logf("%s: running", s.ID)
+		phase(PhaseWorkloads)
 		err = s.Body(ctx, env)
 	}
 	res.Checks = env.Checks()
@@ -335,7 +437,21 @@ func (r *Runner) runOnce(ctx context.Context, s Spec, diagnostics string) (res R
 		}
 	}
 	res.Message = strings.Join(msgs, "\n\n")
+	res.Timeline = r.saveTimeline(&res, w, env, run, runs)
 	return res
+}
+
+// saveTimeline writes the run's raw timeline, with its scenarios and the marks of its
+// checks, to the output directory and returns its path relative to it (empty if it
+// could not be written: the report then has no chart for it, and says so).
+func (r *Runner) saveTimeline(res *Result, w *harness.World, env *Env, run, runs int) string {
+	rel := timelineFile(res.ID, run, runs)
+	rec := newTimelineRecord(res.ID, run, w.Timeline, env.scenarios, res.Checks)
+	if err := rec.write(filepath.Join(r.cfg.OutputDir, rel)); err != nil {
+		r.cfg.Logf("%s: save the timeline: %v", res.ID, err)
+		return ""
+	}
+	return rel
 }
 
 // setUp starts the world as the spec's Setup says: kube-proxy on its nodes, the

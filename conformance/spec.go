@@ -41,6 +41,11 @@ type Setup struct {
 	// Deferred leaves the implementation stopped on every node; the spec's steps
 	// start it (a spec of the order in which workloads and agent come up).
 	Deferred bool
+	// Upgrade are the options the spec's UpgradeAgent steps start the implementation
+	// with: another version (driver.VersionLatest after a Start of
+	// driver.VersionPrevious), other settings. Like Start, a spec whose options the
+	// implementation does not offer is skipped.
+	Upgrade driver.StartOptions
 }
 
 // runsImplementation reports whether the implementation starts on node i at set-up.
@@ -57,6 +62,17 @@ type Spec struct {
 	Features []Feature
 	// Description says what the spec holds an implementation to, in one sentence.
 	Description string
+	// Transition, Traffic and Invariant say in words, for the catalogue
+	// (docs/specs.md, made from the registry), what the spec does to the world, what
+	// it measures that with, and what must hold, with the default budgets.
+	Transition string
+	Traffic    string
+	Invariant  string
+	// Budgets names the budgets (Budgets' `budget` tags) the invariant is held to.
+	Budgets []string
+	// Origin is where the spec comes from: the defect of a real dataplane it guards
+	// against, or the design it holds implementations to.
+	Origin string
 	// Catches lists the faults of the reference the spec is shown to catch.
 	Catches []FaultCase
 	// Setup is how the world starts (zero: the implementation on every node).
@@ -87,6 +103,11 @@ func Register(s Spec) {
 	for _, c := range s.Catches {
 		if c.Fault == "" || len(c.Kinds) == 0 {
 			panic(fmt.Sprintf("conformance: spec %s: a caught fault needs a name and the kinds of failure that catch it", s.ID))
+		}
+	}
+	for _, b := range s.Budgets {
+		if !slices.Contains(BudgetNames(), b) {
+			panic(fmt.Sprintf("conformance: spec %s names budget %q, which Budgets does not have", s.ID, b))
 		}
 	}
 	if _, dup := registry[s.ID]; dup {

@@ -48,6 +48,27 @@ func Crash(n topologies.Node) Step {
 	}}
 }
 
+// UpgradeAgent stops the agent on n gracefully (or, if crash, kills it) and starts it
+// with the spec's Setup.Upgrade options (another version, other settings), then
+// waits until it is ready; later starts of n keep those options. Each step is
+// recorded, start-sent with the start call it made.
+func UpgradeAgent(n topologies.Node, crash bool) Step {
+	how := "graceful stop"
+	if crash {
+		how = "SIGKILL"
+	}
+	return Step{"upgrade the agent on " + n.Name() + " (" + how + ", then a start with the spec's upgrade options)", func(ctx context.Context, e *Env) error {
+		return e.World.Upgrade(ctx, n, crash, e.upgrade)
+	}}
+}
+
+// ReleaseHeld tells the traffic's connect probes with Hold to hold no more of the
+// connections they open (harness.World.ReleaseHeld), recording holds-released:
+// what was opened up to now is held to the end and checked then.
+func ReleaseHeld() Step {
+	return Step{"stop holding new connections", func(_ context.Context, e *Env) error { return e.World.ReleaseHeld() }}
+}
+
 // Stop stops the agent on n gracefully and returns once it has exited.
 func Stop(n topologies.Node) Step {
 	return Step{"stop the agent on " + n.Name(), func(ctx context.Context, e *Env) error { return e.World.Stop(ctx, n) }}

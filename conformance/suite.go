@@ -90,17 +90,19 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 			}
 			all = append(all, res)
 		}
-		rep := BuildReport(r.info, opts.Topology, r.cfg.Budgets, r.cfg.Repeat, r.Claimed, all, time.Now())
+		// report.yaml and report.html are made from the run data saved here, as
+		// `dpconform report DIR` makes them again from a saved run.
+		rep, err := NewRunRecord(r, opts.Topology, all, time.Now()).WriteReports(opts.OutputDir)
 		if opts.Report != nil {
 			*opts.Report = rep
 		}
-		path := filepath.Join(opts.OutputDir, "report.yaml")
-		if err := rep.WriteYAML(path); err != nil {
-			ginkgo.Fail("write " + path + ": " + err.Error())
+		if err != nil {
+			ginkgo.Fail("write the report to " + opts.OutputDir + ": " + err.Error())
 		}
 		if opts.Summary != nil {
 			rep.PrintSummary(opts.Summary)
-			fmt.Fprintf(opts.Summary, "\nreport: %s\njunit:  %s\n", path, filepath.Join(opts.OutputDir, "junit.xml"))
+			fmt.Fprintf(opts.Summary, "\nreport: %s\npage:   %s\njunit:  %s\n", filepath.Join(opts.OutputDir, YAMLFile),
+				filepath.Join(opts.OutputDir, HTMLFile), filepath.Join(opts.OutputDir, "junit.xml"))
 		}
 	})
 	suiteCfg, repCfg := ginkgo.GinkgoConfiguration()
@@ -119,7 +121,29 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 	if len(r.cfg.Profiles) > 0 && suiteCfg.LabelFilter == "" {
 		suiteCfg.LabelFilter = strings.Join(profileStrings(r.cfg.Profiles), " || ")
 	}
+	r.SetTotal(selectedCount(r, opts.Focus))
 	return ginkgo.RunSpecs(t, "dpconform conformance: "+r.info.Name, suiteCfg, repCfg, ginkgo.Labels{"dpconform"})
+}
+
+// selectedCount is how many specs a run with these focus expressions will run: the
+// "of how many" of its progress.
+func selectedCount(r *Runner, focus []string) int {
+	var res []*regexp.Regexp
+	for _, f := range focus {
+		if re, err := regexp.Compile(f); err == nil {
+			res = append(res, re)
+		}
+	}
+	n := 0
+	for _, s := range Specs() {
+		if len(res) > 0 && !slices.ContainsFunc(res, func(re *regexp.Regexp) bool { return re.MatchString(s.ID) }) {
+			continue
+		}
+		if ok, _, _ := r.Selected(s); ok {
+			n++
+		}
+	}
+	return n
 }
 
 // FocusOnIDs turns regular expressions over spec IDs (SuiteOptions.Focus) into the

@@ -111,14 +111,15 @@ func run(ctx context.Context, s conformance.Spec, path, name string, budgets con
 	return res, nil
 }
 
-// stubDriver writes a driver that claims Core, ModeSwitch and Policy and does nothing: its agent is
-// "running" and, if ready, reports ready without programming anything.
+// stubDriver writes a driver that claims every profile and does nothing: its agent is
+// "running" and, if ready, reports ready without programming anything, whatever
+// version or settings it is started with.
 func stubDriver(dir string, ready bool) string {
 	GinkgoHelper()
 	path := filepath.Join(dir, fmt.Sprintf("stub-driver-ready-%v", ready))
 	script := `#!/bin/sh
 case "$1" in
-info) echo '{"name":"stub","version":"0","profiles":["Core","ModeSwitch","Policy","Observability"],"features":["ClusterIP","NodePort","NodePortRemoteBackend","TCP","UDP","NetworkPolicy","PolicyVerdicts"]}' ;;
+info) echo '{"name":"stub","version":"0","profiles":["Core","ModeSwitch","Policy","Upgrade","Observability"],"features":["ClusterIP","NodePort","NodePortRemoteBackend","TCP","UDP","NetworkPolicy","PolicyVerdicts"],"versions":["v1","v2"],"settings":["ct-size"]}' ;;
 status) echo '{"running":true,"ready":` + fmt.Sprint(ready) + `}' ;;
 collect) echo '{"files":[]}' ;;
 *) echo '{}' ;;
@@ -254,20 +255,24 @@ var _ = Describe("a stub implementation", Ordered, ContinueOnFailure, func() {
 		if s.Setup.Deferred || len(s.Setup.KubeProxy) >= netns.DefaultNodes {
 			return true
 		}
-		key := fmt.Sprintf("%+v", s.Setup) // fmt sorts map keys: a stable key
+		// What the runner's set-up starts: Setup.Upgrade is for the spec's own steps.
+		setup := s.Setup
+		setup.Upgrade = driver.StartOptions{}
+		key := fmt.Sprintf("%+v", setup) // fmt sorts map keys: a stable key
 		first := !neverReady[key]
 		neverReady[key] = true
 		return first
 	}
 	for _, s := range conformance.Specs() {
-		// It fails the Core specs on a precondition (nothing is programmed), the
-		// ModeSwitch specs because kube-proxy's rules are never taken over, the Policy
-		// and Observability specs on a precondition (what their policies refuse is
-		// reached), and the truth table, whose precondition is that everything is
-		// reached, at its first case that refuses anything.
+		// It fails the Core and Upgrade specs on a precondition (nothing is
+		// programmed), the ModeSwitch specs because kube-proxy's rules are never taken
+		// over, the Policy and Observability specs on a precondition (what their
+		// policies refuse is reached), and the truth table, whose precondition is that
+		// everything is reached, at its first case that refuses anything.
 		want := map[conformance.Profile]conformance.FailureKind{
 			conformance.Core: matchers.KindPrecondition, conformance.ModeSwitch: conformance.KindRulesLeft,
-			conformance.Policy: matchers.KindPrecondition, conformance.Observability: matchers.KindPrecondition,
+			conformance.Policy: matchers.KindPrecondition, conformance.Upgrade: matchers.KindPrecondition,
+			conformance.Observability: matchers.KindPrecondition,
 		}[s.Profile]
 		if s.ID == "POLICY-TRUTH-TABLE" {
 			want = matchers.KindDelivered

@@ -24,6 +24,11 @@ func init() {
 		Description: "A NodePort answers on an address added to the node's interface within a budget and stops answering on it once the address is removed, while new connections to the node's primary address all succeed.",
 		// Host-IP discovery, which Calico 12192 raced on restart, exercised on its
 		// own: the addresses change while the agent runs.
+		Transition: "node-a's spare address (the netns fabric's .200) is added to its eth0, served, then removed; the external client's neighbour entry for it is pinned to node-a's MAC, as a cached entry keeps it, so packets to it reach node-a throughout",
+		Traffic:    "the external client opens a new TCP connection every 2 ms to node-a's IP:NodePort (backend on node-a and on node-b), and to the spare address's NodePort of a third Service (its own backend on node-a)",
+		Invariant:  "nothing answers on the spare address before it is added (a precondition); it is served, 20 connections in a row, within 1 s of `address-added` (`address-programmed`); nothing answers there from 1 s after `address-removed` to the window's end (`address-programmed` plus `steady-state`); zero failed attempts on the primary address from 1 s before `address-added` to that end",
+		Budgets:    []string{"address-programmed", "steady-state", "connect-interval", "attempt-timeout"},
+		Origin:     "host IPs read once at start, the defect class next to Calico issue 12192 (shared/design/SPECS.md); and a host-address watcher that acts on additions only",
 		Catches: []conformance.FaultCase{
 			{Fault: "host-ips-read-once", Kinds: []conformance.FailureKind{matchers.KindReset}},
 			{Fault: "host-ip-removals-ignored", Kinds: []conformance.FailureKind{matchers.KindDelivered}},

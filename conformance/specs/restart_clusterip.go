@@ -16,6 +16,11 @@ func init() {
 		Profile:     conformance.Core,
 		Features:    []conformance.Feature{conformance.FeatureClusterIP},
 		Description: "New TCP connections from a pod to a ClusterIP (local and remote backend) all succeed while the node's agent restarts gracefully.",
+		Transition:  "graceful restart of node-a's agent: stop, then start",
+		Traffic:     "a pod on node-a opens a new TCP connection every 2 ms to the ClusterIP of a Service with its backend on node-a and of one with its backend on node-b",
+		Invariant:   "zero failed attempts from 1 s before `stop-sent` to 3 s after `ready`",
+		Budgets:     []string{"connect-interval", "attempt-timeout", "lead", "settle"},
+		Origin:      "a restart that adopts only the state it can attribute to the node (its NodePorts) and drops the ClusterIP frontends until its first complete sync (shared/design/SPECS.md)",
 		Catches:     catches,
 		Body:        restartClusterIP(false),
 	})
@@ -24,6 +29,11 @@ func init() {
 		Profile:     conformance.Core,
 		Features:    []conformance.Feature{conformance.FeatureClusterIP},
 		Description: "New TCP connections from a pod to a ClusterIP (local and remote backend) all succeed while the node's agent is killed (SIGKILL) and started again.",
+		Transition:  "SIGKILL of node-a's agent, then start",
+		Traffic:     "a pod on node-a opens a new TCP connection every 2 ms to the ClusterIP of a Service with its backend on node-a and of one with its backend on node-b",
+		Invariant:   "zero failed attempts from 1 s before `kill-sent` to 3 s after `ready`",
+		Budgets:     []string{"connect-interval", "attempt-timeout", "lead", "settle"},
+		Origin:      "as RESTART-CLUSTERIP-NEW, after a crash",
 		Catches:     catches,
 		Body:        restartClusterIP(true),
 	})

@@ -16,6 +16,11 @@ func init() {
 			conformance.FeatureClusterIP, conformance.FeatureNodePort, conformance.FeatureNodePortRemoteBackend,
 		},
 		Description: "Long-lived TCP streams (pod to pod on one node and across nodes, pod to ClusterIP and outside to NodePort with local and remote backends) survive a graceful restart and a SIGKILL of the node's agent: no reset, no gap over budget, all alive after.",
+		Transition:  "graceful restart, then SIGKILL and start, of node-a's agent (two rounds)",
+		Traffic:     "two long-lived TCP streams each, a message every 5 ms: pod to pod on the same node and across nodes, pod to ClusterIP (local and remote backend), external client to NodePort (local and remote backend)",
+		Invariant:   "in each round: no reset; no gap over 200 ms on any stream; every stream alive (an echo within 500 ms of the window's end) 3 s after `ready`",
+		Budgets:     []string{"stream-interval", "stream-max-gap", "alive-within", "lead", "settle"},
+		Origin:      "state that must outlive the agent kept where a restart loses it: long-lived NATed flows survive a restart only if their conntrack state does (Calico and Cilium pin theirs)",
 		Catches: []conformance.FaultCase{
 			{Fault: "unpinned-conntrack", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindGap, matchers.KindNotAlive}},
 		},
@@ -31,13 +36,7 @@ func restartEstablished(ctx context.Context, e *conformance.Env) error {
 	if err != nil {
 		return err
 	}
-	svc := f.ServiceFlows(e.Topo)
-	flows := append(f.DirectFlows(),
-		workloads.Flow{Name: "pod-" + svc[0].Name, From: svc[0].From, Target: svc[0].Target},
-		workloads.Flow{Name: "pod-" + svc[1].Name, From: svc[1].From, Target: svc[1].Target},
-		workloads.Flow{Name: "external-" + svc[2].Name, From: svc[2].From, Target: svc[2].Target},
-		workloads.Flow{Name: "external-" + svc[3].Name, From: svc[3].From, Target: svc[3].Target},
-	)
+	flows := establishedFlows(f, e)
 	// Each transition gets fresh streams: a round judges only its own.
 	for _, crash := range []bool{false, true} {
 		sc := conformance.Scenario{

@@ -24,6 +24,11 @@ func init() {
 		Description: "While node-a's agent is stopped a Service loses a backend and gains one, a Service is created and " +
 			"another deleted; from ready on, new connections from a pod on node-a reach only the current backends, " +
 			"the new Service answers, the deleted one answers nothing, and within 1 s of ready none fails.",
+		Transition: "node-a's agent stopped gracefully; while it is down Service s1 loses a backend (taken out by its labels: the pod keeps serving, and records what reaches it) and gains one, Service s2 is created and s3 deleted; the EndpointSlices settle; the agent is started",
+		Traffic:    "a pod on node-a opens a new TCP connection every 2 ms to the ClusterIPs of s1 and s3 (from the steady state on) and of s2 (from its creation)",
+		Invariant:  "from `ready`: nothing of s1's reaches the backend it lost, the backend it gained answers, s2 answers every connection, nothing sent to s3's old ClusterIP is answered or reaches its backend; from 1 s after `ready` (`reconcile-within`) no connection to s1 fails",
+		Budgets:    []string{"reconcile-within", "connect-interval", "attempt-timeout", "settle"},
+		Origin:     "ready that means running, not programmed (kube-proxy's own /healthz counts a proxier healthy while it starts), and deletions that follow delete events, which an agent that was not watching never sees (Cilium removes the Services it restored from its maps only once its watchers have synced)",
 		Catches: []conformance.FaultCase{
 			// Ready while the datapath still holds what it had when the agent stopped:
 			// the removed backend and the deleted Service answer, the new one does not.

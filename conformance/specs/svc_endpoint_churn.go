@@ -22,6 +22,11 @@ func init() {
 		Features: []conformance.Feature{conformance.FeatureClusterIP},
 		Description: "When a Service gains a backend and loses another, streams to the backend that stays are unaffected, streams to the removed backend end (RST or FIN) instead of hanging silently, " +
 			"and new connections all succeed, reach the added backend and stop reaching the removed one within endpoint-programmed.",
+		Transition: "a Service gains a backend and loses another, as a rollout does: churn-new, proven to serve first, is labelled into the Service (`backend-added`) and listed (`backend-listed`); churn-gone's deletion begins with a grace period (`backend-removed`: terminating, not ready, still serving, as with a preStop hook); once the EndpointSlices list only churn-keep and churn-new as ready (`endpoints-updated`) and 100 new connections in a row have missed churn-gone (at most `endpoint-programmed`), its process stops (`backend-stopped`: its sockets close) and its pod goes",
+		Traffic:    "16 streams from a pod through the ClusterIP, spread over both backends; the same pod opens a new TCP connection every 2 ms to the ClusterIP",
+		Invariant:  "streams to the backend that stays: no reset, no gap over 200 ms, alive at the end; streams to the removed backend end (RST or FIN) within 2 s of `backend-stopped` instead of hanging; zero failed new connections over the whole window, each answered by one of the three; churn-new answers one within 2 s (`endpoint-programmed`) of `backend-listed`; none reaches churn-gone from 2 s after `endpoints-updated`",
+		Budgets:    []string{"stream-max-gap", "alive-within", "end-within", "endpoint-programmed", "connect-interval"},
+		Origin:     "a backend change applied delete-then-add, which empties a Service's backends under its live flows; and load balancers that read an EndpointSlice's addresses and not its ready condition (ovn-kubernetes PR 3240, KEDA http-add-on issue 1344)",
 		Catches: []conformance.FaultCase{
 			{Fault: "rebuild-backends-in-place", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindGap, matchers.KindNotAlive}},
 			{Fault: "serve-not-ready-endpoints", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindWrongBackend}},

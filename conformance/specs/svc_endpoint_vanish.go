@@ -17,6 +17,11 @@ func init() {
 		Features: []conformance.Feature{conformance.FeatureClusterIP},
 		Description: "When a Service's backend vanishes without closing its connections (its network goes first, no FIN), streams to the backend that stays are unaffected, " +
 			"streams to the vanished one end (the dataplane resets them) instead of hanging silently, and new connections stop going to it.",
+		Transition: "a Service's backend on node-b vanishes without closing its connections (`backend-vanished`): its network goes first (CNI DEL), then its processes are killed, so no FIN or RST leaves it, then its pod object goes; the suite waits until the EndpointSlices list only the backend that stays (`endpoints-updated`)",
+		Traffic:    "16 streams from a pod through the ClusterIP, spread over both backends; the same pod opens a new TCP connection every 2 ms to the ClusterIP",
+		Invariant:  "streams to the backend that stays: no reset, no gap over 200 ms, alive at the end; every stream to the vanished backend ends within 2 s (`end-within`) of `endpoints-updated` (only the dataplane can end it: the dataplane resets it, or the client hangs); zero failed new connections, all answered by the backend that stays, from 2 s (`endpoint-programmed`) after `endpoints-updated`",
+		Budgets:    []string{"stream-max-gap", "alive-within", "end-within", "endpoint-programmed", "connect-interval"},
+		Origin:     "a backend lost with its node or sandbox, which closes nothing: a dataplane that leaves ending its flows to the backend (kube-proxy does, docs/kube-proxy.md) leaves their clients retransmitting into silence",
 		Catches: []conformance.FaultCase{
 			{Fault: "keep-flows-to-gone-backends", Kinds: []conformance.FailureKind{matchers.KindHang}},
 		},

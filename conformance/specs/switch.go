@@ -20,6 +20,9 @@ import (
 // then node-a is switched over (kube-proxy stops and leaves its rules and Linux
 // conntrack, the implementation starts). Facts: Calico PR 13778.
 
+// switchTransition is the transition of every SWITCH spec, for the catalogue.
+const switchTransition = "node-a runs the real kube-proxy (iptables mode, FORWARD policy DROP) first; kube-proxy is stopped, leaving its rules and Linux conntrack, and the implementation is started on node-a"
+
 // switchSetup puts kube-proxy on node-a (the node under switch).
 var switchSetup = conformance.Setup{KubeProxy: []int{0}}
 
@@ -54,6 +57,11 @@ func init() {
 			Profile:     conformance.ModeSwitch,
 			Features:    append([]conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort}, s.features...),
 			Description: "A long-lived TCP stream from " + s.what + ", opened through kube-proxy, survives the node's switch from kube-proxy to the implementation: no reset, no gap over budget, alive after.",
+			Transition:  switchTransition,
+			Traffic:     "two long-lived TCP streams, a message every 5 ms, from " + s.what + ", opened through kube-proxy and proven to run through its DNAT (Linux conntrack) before the switch",
+			Invariant:   "no reset; no gap over 1 s (`switch-max-gap`); alive 5 s after `ready` (`switch-settle`); the rules kube-proxy held before the switch are gone by then",
+			Budgets:     []string{"switch-max-gap", "switch-settle", "stream-interval", "alive-within"},
+			Origin:      "Calico PR 13778 (in 3.33), whose four specs these are: a flow that predates the eBPF dataplane falls through to Linux conntrack, and a NodePort flow to a remote backend, which enters and leaves by the host interface, lost its accept when kube-proxy's KUBE-FORWARD went (only that one failed without the fix)",
 			Catches:     s.catches,
 			Setup:       switchSetup,
 			Body:        switchStreamBody(s.flow),
@@ -64,6 +72,11 @@ func init() {
 		Profile:     conformance.ModeSwitch,
 		Features:    []conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort, conformance.FeatureNodePortRemoteBackend},
 		Description: "New TCP connections every 2 ms (outside to the node's NodePorts, a pod to ClusterIPs; local and remote backends) all succeed while the node switches from kube-proxy to the implementation.",
+		Transition:  switchTransition,
+		Traffic:     "a new TCP connection every 2 ms on each of the four paths: the external client to node-a's NodePort (backend on node-a and on node-b), a pod on node-a to the ClusterIP (backend on node-a and on node-b)",
+		Invariant:   "zero failed attempts from 1 s before `kube-proxy-stop-sent` to 5 s after `ready`; the rules kube-proxy held before the switch are gone by then",
+		Budgets:     []string{"connect-interval", "attempt-timeout", "lead", "switch-settle"},
+		Origin:      "a hand-over done in the wrong order: kube-proxy's rules removed before the implementation's datapath and Services are in place",
 		Catches: []conformance.FaultCase{
 			{Fault: "cleanup-before-attach", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindTimeout, matchers.KindUnreachable}},
 		},
@@ -75,6 +88,11 @@ func init() {
 		Profile:     conformance.ModeSwitch,
 		Features:    []conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort},
 		Description: "After the switch from kube-proxy, kube-proxy's service chains and the jumps to them are gone from the node, rules that are not kube-proxy's are untouched, and every Service takes new connections.",
+		Transition:  switchTransition,
+		Traffic:     "new connections on every path after the switch",
+		Invariant:   "kube-proxy's service chains (KUBE-SERVICES, KUBE-NODEPORTS, KUBE-FORWARD, KUBE-SVC-*, KUBE-SEP-*, KUBE-FW-*, KUBE-XLB-*, KUBE-EXT-*, KUBE-EXTERNAL-SERVICES, ...; KUBE-MARK-* may stay), the jumps to them and its nftables tables, as they were before the switch, are gone; rules the suite planted are untouched; every Service takes new connections",
+		Budgets:     []string{"switch-settle", "programmed"},
+		Origin:      "a dataplane that takes a node over and leaves kube-proxy's chains behind, which go on NATing what the datapath passes to the stack and go stale as Services change",
 		Catches: []conformance.FaultCase{
 			{Fault: "no-kube-proxy-cleanup", Kinds: []conformance.FailureKind{conformance.KindRulesLeft}},
 		},

@@ -30,6 +30,7 @@ type Info struct {
 	// Modes, Versions and Settings are the variants `start` can start (--mode,
 	// --version, and the keys of --set): a spec that needs a variant the
 	// implementation does not offer is skipped, not failed. Empty means none.
+	// Versions are listed oldest first.
 	Modes    []string `json:"modes,omitempty"`
 	Versions []string `json:"versions,omitempty"`
 	Settings []string `json:"settings,omitempty"`
@@ -38,9 +39,17 @@ type Info struct {
 // StartOptions say which variant of the implementation `start` starts. The zero value
 // is the implementation's default, which every driver must be able to start.
 type StartOptions struct {
-	Mode    string            // --mode M
-	Version string            // --version V
+	Mode string // --mode M
+	// Version is --version V: one of info's versions, or one named by its place in
+	// them (VersionPrevious, VersionLatest), which the suite resolves before it
+	// calls the driver.
+	Version string
 	Set     map[string]string // --set key=value, one flag per key, keys in sorted order
+}
+
+// String renders o as the driver call it makes, e.g. "start --version v2".
+func (o StartOptions) String() string {
+	return strings.Join(append([]string{"start"}, o.Args()...), " ")
 }
 
 // Args are the command-line flags of `start` for o: only the options that are set,
@@ -59,6 +68,37 @@ func (o StartOptions) Args() []string {
 	return args
 }
 
+// Versions a spec may ask for by their place in info's versions, which lists them
+// oldest first, rather than by an implementation's names for them: an upgrade from
+// the one before the newest to the newest. Info.Resolve names them.
+const (
+	VersionPrevious = "@previous"
+	VersionLatest   = "@latest"
+)
+
+// Resolve replaces a version named by its place (VersionPrevious, VersionLatest)
+// with the implementation's name for it; an error when info does not list enough
+// versions for it (Offers says the same).
+func (i Info) Resolve(o StartOptions) (StartOptions, error) {
+	var back int
+	switch o.Version {
+	case VersionLatest:
+		back = 1
+	case VersionPrevious:
+		back = 2
+	default:
+		return o, nil
+	}
+	if len(i.Versions) < back {
+		if len(i.Versions) == 0 {
+			return o, fmt.Errorf("%s offers no versions: %s needs %d (info's versions, oldest first)", i.Name, o.Version, back)
+		}
+		return o, fmt.Errorf("%s offers one version (%s): %s needs %d (info's versions, oldest first)", i.Name, i.Versions[0], o.Version, back)
+	}
+	o.Version = i.Versions[len(i.Versions)-back]
+	return o, nil
+}
+
 // Offers returns nil if the implementation can start o, or an error that names what
 // it does not offer and what it does, e.g. `refdp does not offer version "v2"
 // (versions: v1)`: the suite skips a spec that needs it with that reason.
@@ -67,7 +107,10 @@ func (i Info) Offers(o StartOptions) error {
 	if o.Mode != "" && !contains(i.Modes, o.Mode) {
 		errs = append(errs, i.notOffered("mode", "modes", o.Mode, i.Modes))
 	}
-	if o.Version != "" && !contains(i.Versions, o.Version) {
+	o, err := i.Resolve(o)
+	if err != nil {
+		errs = append(errs, err)
+	} else if o.Version != "" && !contains(i.Versions, o.Version) {
 		errs = append(errs, i.notOffered("version", "versions", o.Version, i.Versions))
 	}
 	for _, k := range slices.Sorted(maps.Keys(o.Set)) {

@@ -18,6 +18,9 @@ func TestOffers(t *testing.T) {
 		{"all offered", info, StartOptions{Mode: "ebpf", Version: "v1", Set: map[string]string{"mtu": "1400"}}, ""},
 		{"a version not offered", info, StartOptions{Version: "v2"}, `refdp does not offer version "v2" (versions: v1)`},
 		{"a mode when none is offered", Info{Name: "refdp"}, StartOptions{Mode: "iptables"}, `refdp does not offer mode "iptables" (it offers no modes)`},
+		{"the latest of one version", info, StartOptions{Version: VersionLatest}, ""},
+		{"the previous of one version", info, StartOptions{Version: VersionPrevious}, "refdp offers one version (v1): @previous needs 2 (info's versions, oldest first)"},
+		{"the previous of none", Info{Name: "refdp"}, StartOptions{Version: VersionPrevious}, "refdp offers no versions: @previous needs 2 (info's versions, oldest first)"},
 		{"every problem is named", info, StartOptions{Mode: "xdp", Set: map[string]string{"b": "1", "a": "2", "mtu": "1"}},
 			"refdp does not offer mode \"xdp\" (modes: ebpf)\n" +
 				"refdp does not offer setting \"a\" (settings: mtu)\n" +
@@ -34,6 +37,21 @@ func TestOffers(t *testing.T) {
 				t.Errorf("Offers(%+v) = %q, want %q", tt.opts, got, tt.want)
 			}
 		})
+	}
+}
+
+func TestResolve(t *testing.T) {
+	info := Info{Name: "refdp", Versions: []string{"v1", "v2", "v3"}}
+	for _, tt := range []struct{ version, want string }{
+		{"", ""}, {"v1", "v1"}, {VersionLatest, "v3"}, {VersionPrevious, "v2"},
+	} {
+		got, err := info.Resolve(StartOptions{Version: tt.version, Set: map[string]string{"k": "v"}})
+		if err != nil || got.Version != tt.want || got.Set["k"] != "v" {
+			t.Errorf("Resolve(%q) = %+v, %v; want version %q, the rest as it was", tt.version, got, err, tt.want)
+		}
+	}
+	if got := (StartOptions{Version: "v2", Set: map[string]string{"ct-size": "8"}}).String(); got != "start --version v2 --set ct-size=8" {
+		t.Errorf("String() = %q", got)
 	}
 }
 

@@ -45,7 +45,11 @@ type World struct {
 	// ReadyTimeout bounds each WaitReady (default DefaultReadyTimeout).
 	ReadyTimeout time.Duration
 
-	mu        sync.Mutex
+	mu sync.Mutex
+	// nodeOpts are the options each node was last started with, where StartWith
+	// gave others than StartOptions; starts are the distinct start calls made.
+	nodeOpts  map[string]driver.StartOptions
+	starts    []string
 	probes    []*probe.Process // clients, stopped by StopProbes
 	servers   []*probe.Process // servers, stopped by Cleanup
 	serverOn  map[*probe.Process]topologies.Host
@@ -88,11 +92,48 @@ func (w *World) StartOn(ctx context.Context, nodes []topologies.Node) error {
 	return nil
 }
 
-// Start asks the driver to start the agent on n with the World's StartOptions,
+// Start asks the driver to start the agent on n with the options it was last
+// started with (the World's StartOptions, unless StartWith gave others),
 // recording start-sent.
 func (w *World) Start(ctx context.Context, n topologies.Node) error {
-	w.Timeline.Record(timeline.StartSent, n.Name())
-	return w.Driver.Start(ctx, NodeEnv(n), w.StartOptions)
+	w.mu.Lock()
+	opts, ok := w.nodeOpts[n.Name()]
+	w.mu.Unlock()
+	if !ok {
+		opts = w.StartOptions
+	}
+	return w.StartWith(ctx, n, opts)
+}
+
+// StartWith asks the driver to start the agent on n with opts (a version, settings
+// other than StartOptions': an upgrade), recording start-sent with the call when it
+// has options. Later Starts of n use opts too.
+func (w *World) StartWith(ctx context.Context, n topologies.Node, opts driver.StartOptions) error {
+	call := opts.String()
+	w.mu.Lock()
+	if w.nodeOpts == nil {
+		w.nodeOpts = map[string]driver.StartOptions{}
+	}
+	w.nodeOpts[n.Name()] = opts
+	if !slices.Contains(w.starts, call) {
+		w.starts = append(w.starts, call)
+	}
+	w.mu.Unlock()
+	detail := n.Name()
+	if len(opts.Args()) > 0 {
+		detail += ": " + call
+	}
+	w.Timeline.Record(timeline.StartSent, detail)
+	return w.Driver.Start(ctx, NodeEnv(n), opts)
+}
+
+// Starts lists the distinct start calls the World made, in order, e.g.
+// ["start --version v1", "start --version v2"]: what the report records of the
+// variants a spec ran.
+func (w *World) Starts() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.starts)
 }
 
 // Stop stops the agent on n gracefully, recording stop-sent and exited.
@@ -168,19 +209,32 @@ func (w *World) WaitReady(ctx context.Context, n topologies.Node) error {
 // Restart stops (or, if crash, kills) the agent on n, starts it and waits until it is
 // ready, recording each step.
 func (w *World) Restart(ctx context.Context, n topologies.Node, crash bool) error {
-	var err error
-	if crash {
-		err = w.Kill(ctx, n)
-	} else {
-		err = w.Stop(ctx, n)
-	}
-	if err != nil {
+	if err := w.stopOrKill(ctx, n, crash); err != nil {
 		return err
 	}
 	if err := w.Start(ctx, n); err != nil {
 		return err
 	}
 	return w.WaitReady(ctx, n)
+}
+
+// Upgrade is Restart with the start's options changed to opts: another version of
+// the agent, other settings (StartWith).
+func (w *World) Upgrade(ctx context.Context, n topologies.Node, crash bool, opts driver.StartOptions) error {
+	if err := w.stopOrKill(ctx, n, crash); err != nil {
+		return err
+	}
+	if err := w.StartWith(ctx, n, opts); err != nil {
+		return err
+	}
+	return w.WaitReady(ctx, n)
+}
+
+func (w *World) stopOrKill(ctx context.Context, n topologies.Node, crash bool) error {
+	if crash {
+		return w.Kill(ctx, n)
+	}
+	return w.Stop(ctx, n)
 }
 
 // Names of the transition events of kube-proxy on a node that is switched over.
@@ -484,6 +538,25 @@ func (w *World) StopProbes(ctx context.Context) error {
 	return err
 }
 
+// HoldsReleased is the transition event of ReleaseHeld.
+const HoldsReleased = "holds-released"
+
+// ReleaseHeld tells every connect probe with Hold to hold no more of the
+// connections it opens (probe.Process.Release), recording holds-released: the
+// connections of a transition are held, those of the settle time after it are not
+// (each holds a socket on both ends, and a SNAT port on a NodePort path).
+func (w *World) ReleaseHeld() error {
+	w.mu.Lock()
+	ps := slices.Clone(w.probes)
+	w.mu.Unlock()
+	var errs []error
+	for _, p := range ps {
+		errs = append(errs, p.Release())
+	}
+	w.Timeline.Record(HoldsReleased, "")
+	return errors.Join(errs...)
+}
+
 // StopProbe stops one client or reach probe gracefully, within ProbeStopTimeout, and
 // retires it.
 func (w *World) StopProbe(ctx context.Context, p *probe.Process) error {
@@ -595,6 +668,12 @@ func (w *World) Cleanup(ctx context.Context) error {
 // file the driver names but did not write is not reported. Relative names are taken
 // as relative to the node's directory.
 func (w *World) Collect(ctx context.Context, dir string) ([]string, error) {
+	// The driver runs inside the node, whose working directory is not the suite's:
+	// it gets the directory by its absolute path.
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, err
+	}
 	var files []string
 	var errs []error
 	for _, n := range w.Topo.Nodes() {

@@ -38,7 +38,16 @@ type fakeDriver struct {
 	collect func(dir string) ([]string, error)
 	status  func(call int) (driver.Status, error)
 	calls   int
+	started []string // each Start's options
+	stops   int
 }
+
+func (d *fakeDriver) Start(_ context.Context, _ driver.Node, o driver.StartOptions) error {
+	d.started = append(d.started, o.String())
+	return nil
+}
+
+func (d *fakeDriver) Stop(context.Context, driver.Node) error { d.stops++; return nil }
 
 func (d *fakeDriver) Collect(_ context.Context, _ driver.Node, dir string) ([]string, error) {
 	return d.collect(dir)
@@ -118,5 +127,41 @@ func TestWaitReady(t *testing.T) {
 				t.Errorf("ready recorded: %v, error: %v", recorded, err)
 			}
 		})
+	}
+}
+
+// An upgrade starts the node with its new options, and every later start of that
+// node keeps them; the World lists the distinct starts, and the timeline says
+// which start was which.
+func TestUpgradeKeepsTheNewOptions(t *testing.T) {
+	d := &fakeDriver{status: func(int) (driver.Status, error) { return driver.Status{Running: true, Ready: true}, nil }}
+	w := world(d)
+	w.StartOptions = driver.StartOptions{Version: "v1"}
+	n := w.Topo.Nodes()[0]
+	ctx := context.Background()
+	if err := w.StartAll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Upgrade(ctx, n, false, driver.StartOptions{Version: "v2", Set: map[string]string{"ct-size": "8"}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Restart(ctx, n, false); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"start --version v1", "start --version v2 --set ct-size=8", "start --version v2 --set ct-size=8"}
+	if strings.Join(d.started, "|") != strings.Join(want, "|") || d.stops != 2 {
+		t.Errorf("driver started %q (stopped %d times), want %q (2)", d.started, d.stops, want)
+	}
+	if got := w.Starts(); strings.Join(got, "|") != strings.Join(want[:2], "|") {
+		t.Errorf("Starts() = %q, want %q", got, want[:2])
+	}
+	var details []string
+	for _, tr := range w.Timeline.Transitions() {
+		if tr.Name == timeline.StartSent {
+			details = append(details, tr.Detail)
+		}
+	}
+	if len(details) != 3 || details[1] != "node-a: start --version v2 --set ct-size=8" {
+		t.Errorf("start-sent details %q", details)
 	}
 }

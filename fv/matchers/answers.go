@@ -233,6 +233,10 @@ func evalAnswers(w timeline.Window, o options, dl *deadline) (outcome, error) {
 	}
 	sort.Slice(failed, func(i, j int) bool { return failed[i].sent.Time < failed[j].sent.Time })
 	f := failed[0]
+	out.at = f.sent.Time
+	for _, d := range failed {
+		out.marks = append(out.marks, markOf(d.sent, d.kind))
+	}
 	out.first = fmt.Sprintf("datagram #%d from %s to %s, sent %s: %s", f.sent.Seq, f.sent.Probe, f.sent.Target, w.Relative(f.sent.Time), f.how(o))
 	var b strings.Builder
 	b.WriteString("Timeline around it:\n")

@@ -139,14 +139,14 @@ func TestHaveDatagramsAnsweredWithin(t *testing.T) {
 		build:   func(tl *timeline.Timeline) { udpAnswers(tl, moved(50)) },
 		matcher: byNew(time.Second),
 		pass:    true, verdict: matchers.Pass, figure: "longest_unanswered", figureVal: 48,
-		contains: []string{"longest run without an answer: 25 datagrams over 48.0 ms, #901..#925, from +0.0 ms after endpoints-updated"},
+		contains: []string{"longest run without an answer: 25 datagrams over 48.0 ms, #901..#925, from at endpoints-updated"},
 	}, {
 		name:    "fails when the flow stays pinned to the removed backend",
 		build:   func(tl *timeline.Timeline) { udpAnswers(tl, moved(1e6)) },
 		matcher: byNew(time.Second),
 		verdict: matchers.Violation, kind: matchers.KindLost, figure: "last_unanswered", figureVal: 3200,
 		contains: []string{"datagram #1401 from c to svc", "never answered",
-			"answers from 1000.0 ms after endpoints-updated: none 1101"},
+			"answers from 1.0 s after endpoints-updated: none 1101"},
 	}, {
 		name:    "fails when the flow moves later than the budget",
 		build:   func(tl *timeline.Timeline) { udpAnswers(tl, moved(1500)) },

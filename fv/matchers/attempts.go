@@ -128,7 +128,10 @@ func evalAttempts(w timeline.Window, o options) (outcome, error) {
 	default:
 		out.kind = AttemptKind(first, o.backends)
 	}
-	out.first = describeAttempt(w, first, o)
+	out.first, out.at = describeAttempt(w, first, o), first.Time
+	for _, e := range failed {
+		out.marks = append(out.marks, markOf(e, AttemptKind(e, o.backends)))
+	}
 	var b strings.Builder
 	b.WriteString("Timeline around it:\n")
 	b.WriteString(w.Excerpt(first.Time, o.context, o.context, func(e probe.Event) bool {
@@ -199,7 +202,8 @@ func failureRuns(w timeline.Window, failed []probe.Event, o options) string {
 	})
 }
 
-func fmtMs(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
+// fmtMs renders a duration as the timeline does: "18.0 ms", "1.0 s".
+func fmtMs(d time.Duration) string { return timeline.Duration(d) }
 
 func selection(o options) string {
 	if len(o.probes) == 0 {

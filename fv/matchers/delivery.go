@@ -122,7 +122,14 @@ func HaveZeroDelivered(opts ...Option) Matcher {
 		}
 		sort.Slice(all, func(i, j int) bool { return all[i].Time < all[j].Time })
 		first := all[0]
-		out.verdict = Violation
+		out.verdict, out.at = Violation, first.Time
+		for _, e := range all {
+			m := markOf(e, KindDelivered)
+			if e.Kind == probe.KindRecv {
+				m.Probe, m.Stream = e.From, 0
+			}
+			out.marks = append(out.marks, m)
+		}
 		who := first.Probe
 		if first.Kind == probe.KindRecv {
 			who = first.From
@@ -225,7 +232,10 @@ func DeliverToOnceDeliveredTo(target, control string, opts ...Option) Matcher {
 		}
 		l := lost[0]
 		c := firstCtl[l.Probe]
-		out.verdict = Violation
+		out.verdict, out.at = Violation, l.Time
+		for _, e := range lost {
+			out.marks = append(out.marks, markOf(e, KindLost))
+		}
 		how := "was never delivered"
 		if l.Outcome != probe.OK {
 			how = fmt.Sprintf("could not be sent: %s (%s)", strings.ToUpper(string(l.Outcome)), l.Err)

@@ -63,7 +63,10 @@ func HaveStreamsEndedWithin(after string, limit time.Duration, opts ...Option) M
 		if len(hung) == 0 {
 			return out, nil
 		}
-		out.verdict = Violation
+		out.verdict, out.at = Violation, deadline
+		for _, s := range hung {
+			out.marks = append(out.marks, Mark{Probe: s.probe, Stream: s.id, Time: s.lastEcho(), End: w.End, Kind: KindHang})
+		}
 		first := hung[0]
 		out.first = fmt.Sprintf("%s did not end: last echo %s, and nothing since", first, w.Relative(first.lastEcho()))
 		var b strings.Builder

@@ -35,5 +35,5 @@ func ExampleHaveNoFailedAttempts() {
 	// Output:
 	// false <nil> violation
 	// failed 1 of 451 attempts (budget 0): 1 reset
-	// probe ext, started +20.0 ms after stop-sent (60.0 ms before exited): attempt #260 to 10.0.0.1:30080: REFUSED after 0.2 ms (connect: connection refused (RST or ICMP port unreachable))
+	// probe ext, started 20.0 ms after stop-sent (60.0 ms before exited): attempt #260 to 10.0.0.1:30080: REFUSED after 0.2 ms (connect: connection refused (RST or ICMP port unreachable))
 }

@@ -53,7 +53,7 @@ func TestFrom(t *testing.T) {
 			return matchers.HaveNoFailedAttempts(fromReady(matchers.Backends("keep", "new"))...)
 		},
 		pass: true, verdict: matchers.Pass, figure: "failed_attempts", figureVal: 0,
-		contains: []string{"window from +0.0 ms after ready to +3000.0 ms after ready (3.0 s)", "failed 0 of 1501 attempts"},
+		contains: []string{"window from at ready to 3.0 s after ready (3.0 s)", "failed 0 of 1501 attempts"},
 	}, {
 		name:    "without From the same timeline fails",
 		build:   reconciled(2500, 0),
@@ -66,7 +66,7 @@ func TestFrom(t *testing.T) {
 			return matchers.HaveNoFailedAttempts(fromReady(matchers.Backends("keep", "new"))...)
 		},
 		verdict: matchers.Violation, kind: matchers.KindWrongBackend, figure: "failed_attempts", figureVal: 10,
-		contains: []string{"First violation: probe s1, started +0.0 ms after ready", "WRONG BACKEND old"},
+		contains: []string{"First violation: probe s1, started at ready", "WRONG BACKEND old"},
 	}, {
 		name:  "with an offset, forgives failures up to it and no later",
 		build: reconciled(0, 3600),
@@ -74,7 +74,7 @@ func TestFrom(t *testing.T) {
 			return matchers.HaveNoFailedAttempts(matchers.From(timeline.Ready, time.Second), matchers.Backends("keep", "new"))
 		},
 		verdict: matchers.Violation, kind: matchers.KindTimeout, figure: "failed_attempts", figureVal: 50,
-		contains: []string{"window from +1000.0 ms after ready", "First violation: probe s1, started +1000.0 ms after ready"},
+		contains: []string{"window from 1.0 s after ready", "First violation: probe s1, started 1.0 s after ready"},
 	}, {
 		name:  "with an offset past every failure, passes",
 		build: reconciled(0, 3400),
@@ -95,7 +95,7 @@ func TestFrom(t *testing.T) {
 			return matchers.HaveNoFailedAttempts(matchers.From(timeline.Ready, 3*time.Second))
 		},
 		verdict:  matchers.Instrument,
-		contains: []string{"ends before 3000.0 ms after ready"},
+		contains: []string{"ends before 3.0 s after ready"},
 	}})
 }
 
@@ -170,7 +170,7 @@ func TestHaveZeroDeliveredOnBackends(t *testing.T) {
 		build:   withServer(2520, true),
 		matcher: onOld,
 		verdict: matchers.Violation, kind: matchers.KindDelivered, figure: "delivered", figureVal: 5,
-		contains: []string{"5 of 1501 requests delivered to old", "sent +0.0 ms after ready: attempt #1001 to 10.96.0.10:80: ok in 0.30 ms, answered by old"},
+		contains: []string{"5 of 1501 requests delivered to old", "sent at ready: attempt #1001 to 10.96.0.10:80: ok in 0.30 ms, answered by old"},
 	}, {
 		name:    "fails when it receives requests whose replies are lost",
 		build:   withServer(2520, false),
@@ -188,7 +188,7 @@ func TestFromReportsItsWindow(t *testing.T) {
 	if ok, err := m.Match(w); !ok || err != nil {
 		t.Fatalf("Match: %v, %v", ok, err)
 	}
-	if got, want := m.Result().Window, "window from +1000.0 ms after ready to +3000.0 ms after ready (2.0 s)"; got != want {
+	if got, want := m.Result().Window, "window from 1.0 s after ready to 3.0 s after ready (2.0 s)"; got != want {
 		t.Errorf("Result().Window = %q, want %q", got, want)
 	}
 	plain := matchers.HaveNoFailedAttempts()

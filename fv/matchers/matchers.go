@@ -85,11 +85,37 @@ type Result struct {
 	// Kind is how the invariant failed; empty on a pass.
 	Kind    Kind     `json:"kind,omitempty"`
 	Figures []Figure `json:"figures"`
-	// First is the first violation in one line; empty on a pass.
-	First string `json:"first,omitempty"`
+	// First is the first violation in one line; empty on a pass. At is when it
+	// happened (zero when the violation is an absence, e.g. no stream on a backend).
+	First string        `json:"first,omitempty"`
+	At    monotime.Time `json:"at,omitempty"`
+	// Marks are the moments in breach of the invariant, in time order, at most
+	// MaxMarks of them; MarksTotal counts them all.
+	Marks      []Mark `json:"marks,omitempty"`
+	MarksTotal int    `json:"marksTotal,omitempty"`
 	// Window is the window judged, when From narrowed the one given to Match.
 	Window string `json:"window,omitempty"`
 }
+
+// Mark is a moment (or a span) of the timeline that a check found in breach of its
+// invariant, for a chart to draw on the lane of the probe it concerns: a failed
+// attempt, a stream's gap over its budget, a datagram lost, a request delivered that
+// must not have been, a policy verdict that must not have been reported.
+type Mark struct {
+	// Probe is the lane: the probe that sent what is marked (empty for a verdict).
+	Probe  string `json:"p,omitempty"`
+	Stream int    `json:"s,omitempty"`
+	// Node is the node that reported a marked policy verdict.
+	Node string        `json:"node,omitempty"`
+	Time monotime.Time `json:"t"`
+	// End closes a span (a gap, a stream that hangs); zero for a moment.
+	End  monotime.Time `json:"t1,omitempty"`
+	Kind Kind          `json:"k"`
+}
+
+// MaxMarks bounds the marks a Result keeps: a chart draws them per pixel, and a
+// failure of thousands says what it is in its first few thousand.
+const MaxMarks = 5000
 
 // Matcher is a Gomega matcher that keeps its measurement.
 type Matcher interface {
@@ -273,8 +299,10 @@ type outcome struct {
 	verdict Verdict
 	kind    Kind // of a violation; the matcher's own kind when empty
 	figures []Figure
-	first   string // one line
-	detail  string // the rest of the message: excerpt, other violations
+	first   string        // one line
+	at      monotime.Time // when the first violation happened
+	marks   []Mark        // every moment in breach, for charts
+	detail  string        // the rest of the message: excerpt, other violations
 }
 
 // matcher is the shared Gomega plumbing; eval does the measuring.
@@ -337,6 +365,12 @@ func (m *matcher) Match(actual any) (bool, error) {
 		if m.out.kind == "" {
 			m.out.kind = m.kind
 		}
+		for i := range m.out.marks {
+			if m.out.marks[i].Kind == "" {
+				m.out.marks[i].Kind = m.out.kind
+			}
+		}
+		sort.SliceStable(m.out.marks, func(i, j int) bool { return m.out.marks[i].Time < m.out.marks[j].Time })
 	}
 	return m.out.verdict == Pass, nil
 }
@@ -372,7 +406,10 @@ func (m *matcher) NegatedFailureMessage(any) string {
 }
 
 func (m *matcher) Result() Result {
-	r := Result{Verdict: m.out.verdict, Kind: m.out.kind, Figures: m.out.figures, First: m.out.first}
+	r := Result{Verdict: m.out.verdict, Kind: m.out.kind, Figures: m.out.figures, First: m.out.first, At: m.out.at}
+	if m.out.verdict == Violation {
+		r.Marks, r.MarksTotal = m.out.marks[:min(len(m.out.marks), MaxMarks)], len(m.out.marks)
+	}
 	if m.opts.fromEvent != "" && m.w.End != 0 {
 		r.Window = m.w.String()
 	}
@@ -380,6 +417,11 @@ func (m *matcher) Result() Result {
 }
 
 func budget(v float64) *float64 { return &v }
+
+// markOf marks an event of a probe as a breach of kind (the matcher's own, if empty).
+func markOf(e probe.Event, kind Kind) Mark {
+	return Mark{Probe: e.Probe, Stream: e.Stream, Time: e.Time, Kind: kind}
+}
 
 func msf(d time.Duration) float64 { return float64(d) / 1e6 }
 

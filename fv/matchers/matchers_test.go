@@ -166,6 +166,7 @@ func run(t *testing.T, cases []check) {
 			case res.Verdict == matchers.Pass:
 				g.Expect(res.Kind).To(BeEmpty(), "a pass has no failure kind")
 			}
+			checkMarks(t, res)
 			if c.verdict == matchers.Instrument {
 				g.Expect(err).To(MatchError(matchers.ErrInstrument))
 				for _, s := range c.contains {
@@ -219,8 +220,8 @@ func TestHaveNoFailedAttempts(t *testing.T) {
 		verdict: matchers.Violation, kind: matchers.KindTimeout, figure: "failed_attempts", figureVal: 5,
 		contains: []string{
 			"failed 5 of 2251 attempts (budget 0): 5 timeout",
-			"First violation: probe ext, started +32.0 ms after exited (68.0 ms before start-sent)",
-			"attempt #817 to 10.0.0.1:80: TIMEOUT after 1000.0 ms",
+			"First violation: probe ext, started 32.0 ms after exited (68.0 ms before start-sent)",
+			"attempt #817 to 10.0.0.1:80: TIMEOUT after 1.0 s",
 			"===== exited =====", "<==", "attempts #", "ext #817..#821 TIMEOUT (5)",
 		},
 	}, {
@@ -332,7 +333,7 @@ func TestHaveStreamGapsWithin(t *testing.T) {
 		},
 		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
 		verdict: matchers.Violation, figure: "max_gap", figureVal: 300,
-		contains: []string{"stream st/2 (answered by pod-b) went 300.0 ms without an echo, from +0.0 ms after exited",
+		contains: []string{"stream st/2 (answered by pod-b) went 300.0 ms without an echo, from at exited",
 			"GAP of 300.0 ms", "<=="},
 	}, {
 		name: "fails on a stream that dies, up to the window end",
@@ -341,7 +342,7 @@ func TestHaveStreamGapsWithin(t *testing.T) {
 		},
 		matcher:  func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
 		verdict:  matchers.Violation,
-		contains: []string{"had no echo from", "to the window end", "it ended +500.0 ms after ready: RESET"},
+		contains: []string{"had no echo from", "to the window end", "it ended 500.0 ms after ready: RESET"},
 	}, {
 		name: "passes when the silence is outside the window",
 		build: func(tl *timeline.Timeline) {
@@ -365,7 +366,7 @@ func TestHaveNoResets(t *testing.T) {
 		},
 		matcher: func() matchers.Matcher { return matchers.HaveNoResets() },
 		verdict: matchers.Violation, figure: "resets", figureVal: 1,
-		contains: []string{"1 reset (RST) over 2 streams", "probe st +50.0 ms after exited", "ENDED: RESET", "<=="},
+		contains: []string{"1 reset (RST) over 2 streams", "probe st 50.0 ms after exited", "ENDED: RESET", "<=="},
 	}, {
 		name: "fails on refused attempts too",
 		build: func(tl *timeline.Timeline) {
@@ -396,7 +397,7 @@ func TestBeAliveAtEnd(t *testing.T) {
 		},
 		matcher: func() matchers.Matcher { return matchers.BeAliveAtEnd() },
 		verdict: matchers.Violation, figure: "dead_streams", figureVal: 1,
-		contains: []string{"stream st/3 (answered by pod-b) ended +1500.0 ms after ready: RESET"},
+		contains: []string{"stream st/3 (answered by pod-b) ended 1.5 s after ready: RESET"},
 	}, {
 		name: "fails on a silent stream",
 		build: func(tl *timeline.Timeline) {
@@ -404,7 +405,7 @@ func TestBeAliveAtEnd(t *testing.T) {
 		},
 		matcher:  func() matchers.Matcher { return matchers.BeAliveAtEnd() },
 		verdict:  matchers.Violation,
-		contains: []string{"stream st/1 (answered by pod-b) has had no echo since +1500.0 ms after ready (1500.0 ms before the end)"},
+		contains: []string{"stream st/1 (answered by pod-b) has had no echo since 1.5 s after ready (1.5 s before the end)"},
 	}, {
 		name: "is an instrument error when the probe stopped its streams early",
 		build: func(tl *timeline.Timeline) {
@@ -436,7 +437,7 @@ func TestHaveZeroDelivered(t *testing.T) {
 		build:   func(tl *timeline.Timeline) { denied(tl, 2300) },
 		matcher: func() matchers.Matcher { return matchers.HaveZeroDelivered() },
 		verdict: matchers.Violation, figure: "delivered", figureVal: 2,
-		contains: []string{"2 of", "from probe p, sent +100.0 ms after start-sent", "ok in 0.30 ms"},
+		contains: []string{"2 of", "from probe p, sent 100.0 ms after start-sent", "ok in 0.30 ms"},
 	}, {
 		name:     "is an instrument error when nothing was sent",
 		build:    func(tl *timeline.Timeline) { lifecycle(tl, "p", probe.RoleUDP, 400, 6000) },
@@ -477,7 +478,7 @@ func TestDeliverToOnceDeliveredTo(t *testing.T) {
 		},
 		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
 		verdict: matchers.Violation, figure: "lost_after_control", figureVal: 9,
-		contains: []string{"9 of", "datagram #1803 from p to S, sent +102.0 ms after start-sent", "1.0 ms after #1802 to D which was delivered, was never delivered", "<=="},
+		contains: []string{"9 of", "datagram #1803 from p to S, sent 102.0 ms after start-sent", "1.0 ms after #1802 to D which was delivered, was never delivered", "<=="},
 	}, {
 		name:     "fails its precondition when D is never reached",
 		build:    func(tl *timeline.Timeline) { udp(tl, func(label string, ms float64) bool { return label == "S" }) },
@@ -551,7 +552,7 @@ func TestHaveNoVerdicts(t *testing.T) {
 			return matchers.HaveNoVerdicts("deny", matchers.Between("10.244.0.5", "10.244.0.7"))
 		},
 		verdict: matchers.Violation, kind: matchers.KindVerdict, figure: "deny_verdicts", figureVal: 1,
-		contains: []string{"+100.0 ms after start-sent", "deny udp 10.244.0.5:4000 -> 10.244.0.7:80 on node-a (no ipset entry)"},
+		contains: []string{"100.0 ms after start-sent", "deny udp 10.244.0.5:4000 -> 10.244.0.7:80 on node-a (no ipset entry)"},
 	}, {
 		name:  "ignores denies on other flows",
 		build: verdicts(6000, other),
@@ -648,5 +649,42 @@ func TestAttemptKind(t *testing.T) {
 	}
 	if got := matchers.AttemptKind(probe.Event{Outcome: probe.Unreachable}, []string{"pod-a"}); got == matchers.KindWrongBackend {
 		t.Error("an unreachable attempt is not a wrong backend")
+	}
+}
+
+// markCount names, per figure, the figures that count every moment in breach: a
+// violation marks each of them for the chart, no more, no fewer.
+var markCount = map[string]bool{"failed_attempts": true, "gaps_over_budget": true, "resets": true, "dead_streams": true,
+	"hung_streams": true, "lost_after_control": true, "unanswered": true, "served_attempts": true, "deny_verdicts": true}
+
+// checkMarks holds every result to the contract of its marks: none on a pass; on a
+// violation, in time order, each with its kind and its lane, as many as the figure
+// that counts them, and the first violation's time among them.
+func checkMarks(t *testing.T, res matchers.Result) {
+	t.Helper()
+	if res.Verdict != matchers.Violation {
+		if len(res.Marks) > 0 || res.MarksTotal > 0 || res.At != 0 {
+			t.Errorf("a %s carries marks %v (total %d) or a violation time %v", res.Verdict, res.Marks, res.MarksTotal, res.At)
+		}
+		return
+	}
+	for i, m := range res.Marks {
+		if m.Kind == "" || (m.Probe == "" && m.Node == "") || (m.End != 0 && m.End < m.Time) {
+			t.Errorf("mark %d %+v lacks a kind or a lane, or ends before it starts", i, m)
+		}
+		if i > 0 && m.Time < res.Marks[i-1].Time {
+			t.Errorf("marks out of time order at %d: %+v after %+v", i, m, res.Marks[i-1])
+		}
+	}
+	if res.MarksTotal != len(res.Marks) && len(res.Marks) != matchers.MaxMarks {
+		t.Errorf("%d marks kept of %d, below the limit %d", len(res.Marks), res.MarksTotal, matchers.MaxMarks)
+	}
+	for _, f := range res.Figures {
+		if markCount[f.Name] && float64(res.MarksTotal) != f.Value {
+			t.Errorf("%d marks, but the figure %s counts %v", res.MarksTotal, f.Name, f.Value)
+		}
+	}
+	if len(res.Marks) > 0 && res.At == 0 {
+		t.Errorf("a violation with marks has no time for its first violation: %q", res.First)
 	}
 }

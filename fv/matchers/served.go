@@ -1,6 +1,7 @@
 package matchers
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -44,6 +45,10 @@ func HaveNoServedAttempts(opts ...Option) Matcher {
 		}
 		out.verdict = Violation
 		first := served[0]
+		out.at = first.Time
+		for _, e := range served {
+			out.marks = append(out.marks, markOf(e, KindDelivered))
+		}
 		out.first = fmt.Sprintf("probe %s, started %s: %s", first.Probe, w.Relative(first.Time), timeline.Describe(first))
 		var b strings.Builder
 		b.WriteString("Timeline around it:\n")
@@ -157,7 +162,14 @@ func HaveServedWithin(after string, limit time.Duration, streak int, opts ...Opt
 		case len(failures) > 0:
 			out.kind = AttemptKind(failures[0], o.backends)
 		}
-		out.first = fmt.Sprintf("%s not served within %s of %s", strings.Join(late, ", "), fmtMs(limit), after)
+		out.first, out.at = fmt.Sprintf("%s not served within %s of %s", strings.Join(late, ", "), fmtMs(limit), after), deadline
+		for _, name := range late {
+			servedAt, _ := firstStreak(byProbe[name], streak, o)
+			out.marks = append(out.marks, Mark{Probe: name, Time: at, End: cmp.Or(servedAt, w.End), Kind: KindUnserved})
+		}
+		for _, e := range failures {
+			out.marks = append(out.marks, markOf(e, AttemptKind(e, o.backends)))
+		}
 		if len(failures) == 0 {
 			out.first += ": no attempt failed in that time either"
 			return out, nil

@@ -200,7 +200,10 @@ func HaveStreamGapsWithin(limit time.Duration, opts ...Option) Matcher {
 		}
 		sort.Slice(over, func(i, j int) bool { return over[i].from < over[j].from })
 		g := over[0]
-		out.verdict = Violation
+		out.verdict, out.at = Violation, g.from
+		for _, g := range over {
+			out.marks = append(out.marks, Mark{Probe: g.s.probe, Stream: g.s.id, Time: g.from, End: g.to, Kind: KindGap})
+		}
 		if g.open {
 			out.first = fmt.Sprintf("%s had no echo from %s to the window end (%s)", g.s, w.Relative(g.from), fmtMs(g.length()))
 		} else {
@@ -294,7 +297,10 @@ func HaveNoResets(opts ...Option) Matcher {
 			return out, nil
 		}
 		first := resets[0]
-		out.verdict = Violation
+		out.verdict, out.at = Violation, first.Time
+		for _, e := range resets {
+			out.marks = append(out.marks, markOf(e, KindReset))
+		}
 		out.first = fmt.Sprintf("probe %s %s: %s", first.Probe, w.Relative(first.Time), timeline.Describe(first))
 		var b strings.Builder
 		b.WriteString("Timeline around it:\n")
@@ -340,7 +346,10 @@ func BeAliveAtEnd(opts ...Option) Matcher {
 		}
 		sort.Slice(deads, func(i, j int) bool { return deads[i].at < deads[j].at })
 		d := deads[0]
-		out.verdict = Violation
+		out.verdict, out.at = Violation, d.at
+		for _, d := range deads {
+			out.marks = append(out.marks, Mark{Probe: d.s.probe, Stream: d.s.id, Time: d.at, End: w.End, Kind: KindNotAlive})
+		}
 		out.first = fmt.Sprintf("%s %s", d.s, d.why)
 		var b strings.Builder
 		b.WriteString("Timeline around it:\n")

@@ -46,7 +46,10 @@ func HaveNoVerdicts(verdict string, opts ...Option) Matcher {
 		if len(found) == 0 {
 			return out, nil
 		}
-		out.verdict = Violation
+		out.verdict, out.at = Violation, found[0].Time
+		for _, v := range found {
+			out.marks = append(out.marks, Mark{Node: v.Node, Time: v.Time, Kind: KindVerdict})
+		}
 		out.first = fmt.Sprintf("%s: %s", w.Relative(found[0].Time), found[0])
 		var b strings.Builder
 		b.WriteString("Verdicts:\n")

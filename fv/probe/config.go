@@ -92,6 +92,13 @@ type Connect struct {
 	MaxInFlight int
 	// Count stops the probe after this many attempts; 0 runs until stopped.
 	Count int
+	// Hold keeps every connection whose attempt succeeded open, silent, until the
+	// probe stops; then it sends a second request on each and waits for the answer
+	// (within Timeout), and reports a KindHeld event per connection: did the flow
+	// survive whatever happened while it was held? Without Hold (and once the probe
+	// is told to release, Process.Release) the server closes each connection after
+	// its reply.
+	Hold bool
 	// Report is the period of watermarks; default DefaultReport.
 	Report time.Duration
 }
@@ -245,6 +252,7 @@ func (c Connect) Args() []string {
 	a.dur("timeout", c.Timeout)
 	a.num("max-inflight", c.MaxInFlight)
 	a.num("count", c.Count)
+	a.flag("hold", c.Hold)
 	a.dur("report", c.Report)
 	return a
 }
@@ -577,6 +585,7 @@ func parseConfig(role Role, argv []string, stderr io.Writer) (Config, error) {
 		fs.DurationVar(&c.Timeout, "timeout", DefaultConnectTimeout, "timeout of one attempt")
 		fs.IntVar(&c.MaxInFlight, "max-inflight", 0, "attempts in flight at most (default timeout/interval+16)")
 		fs.IntVar(&c.Count, "count", 0, "stop after this many attempts (0: until stopped)")
+		fs.BoolVar(&c.Hold, "hold", false, "keep each connection open until the probe stops, then check that it still answers")
 		fs.DurationVar(&c.Report, "report", DefaultReport, "watermark period")
 		cfg = c
 	case RoleStream:

@@ -3,6 +3,7 @@ package probe
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -21,7 +22,25 @@ type connector struct {
 
 	mu       sync.Mutex
 	inflight map[uint64]monotime.Time
+	held     []heldConn // with Hold: the answered connections, still open
+	released atomic.Bool
 	made     atomic.Int64
+}
+
+// release stops holding the connections opened from now on, and says so.
+func (c *connector) release() {
+	if !c.cfg.Hold || c.released.Load() {
+		return
+	}
+	c.em.emit(Event{Time: monotime.Now(), Kind: KindReleased, Target: c.cfg.Target})
+	c.released.Store(true)
+}
+
+// heldConn is the open connection of an answered attempt (Connect.Hold).
+type heldConn struct {
+	conn net.Conn
+	seq  uint64
+	t0   monotime.Time
 }
 
 func newConnector(cfg Connect, em *emitter) *connector {
@@ -52,6 +71,9 @@ func (c *connector) run(ctx context.Context) (int, error) {
 		if !sched.wait(ctx) {
 			break
 		}
+		// Whether to hold it is read before its start is stamped: an attempt that
+		// started after the release's stamp may be held, never one before it unheld.
+		hold := c.cfg.Hold && !c.released.Load()
 		t0 := monotime.Now()
 		select {
 		case slots <- struct{}{}:
@@ -66,7 +88,7 @@ func (c *connector) run(ctx context.Context) (int, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ev := c.attempt(seq, t0)
+			ev := c.attempt(seq, t0, hold)
 			c.made.Add(1)
 			c.em.emit(ev)
 			c.mu.Lock()
@@ -78,14 +100,119 @@ func (c *connector) run(ctx context.Context) (int, error) {
 	// In-flight attempts run to their own deadline: cutting them short on stop would
 	// report timeouts that did not happen.
 	wg.Wait()
+	c.checkHeld()
 	return int(c.made.Load()), nil
 }
 
-// attempt makes one connection and reports it.
-func (c *connector) attempt(seq uint64, t0 monotime.Time) Event {
+// attempt makes one connection and reports it; with hold, an answered one is kept.
+func (c *connector) attempt(seq uint64, t0 monotime.Time, hold bool) Event {
 	ev := Event{Time: t0, Kind: KindAttempt, Seq: seq, Target: c.cfg.Target}
-	exchangeTCP(&ev, c.cfg.Target, request{kind: reqConnect, from: c.cfg.Name, seq: seq, sent: t0, label: c.cfg.Label}, c.cfg.Timeout)
+	req := request{kind: reqConnect, from: c.cfg.Name, seq: seq, sent: t0, label: c.cfg.Label}
+	if !hold {
+		exchangeTCP(&ev, c.cfg.Target, req, c.cfg.Timeout)
+		return ev
+	}
+	// A stream message: the server answers and keeps the connection.
+	req.kind = reqStream
+	if conn := openHeld(&ev, c.cfg.Target, req, c.cfg.Timeout); conn != nil {
+		c.mu.Lock()
+		c.held = append(c.held, heldConn{conn: conn, seq: seq, t0: t0})
+		c.mu.Unlock()
+	}
 	return ev
+}
+
+// maxChecks bounds the held connections checked at once.
+const maxChecks = 4096
+
+// checkHeld sends a second request on every held connection, all at once (a
+// dataplane that lost them all costs one Timeout, not one per connection), and
+// reports each as a KindHeld event.
+func (c *connector) checkHeld() {
+	c.mu.Lock()
+	held := c.held
+	c.held = nil
+	c.mu.Unlock()
+	var wg sync.WaitGroup
+	slots := make(chan struct{}, maxChecks)
+	for _, h := range held {
+		slots <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-slots }()
+			ev := Event{Time: h.t0, Kind: KindHeld, Seq: h.seq, Target: c.cfg.Target}
+			t1 := monotime.Now()
+			ev.End = t1
+			// A connect request now: the server answers, then closes first.
+			req := request{kind: reqConnect, from: c.cfg.Name, seq: h.seq, sent: t1, label: c.cfg.Label}
+			finishHeld(&ev, h.conn, req, c.cfg.Timeout)
+			c.em.emit(ev)
+		})
+	}
+	wg.Wait()
+}
+
+// openHeld is exchangeTCP for a connection to hold: it connects, sends req, and
+// returns the connection once answered (nil if it was not), ev set as
+// exchangeTCP sets it.
+func openHeld(ev *Event, addr string, req request, timeout time.Duration) net.Conn {
+	t0 := req.sent
+	deadline := t0.Add(timeout)
+	d := net.Dialer{Deadline: deadline.Deadline(), KeepAlive: -1}
+	conn, err := d.Dial("tcp", addr)
+	if err != nil {
+		failed(ev, t0, "connect", err)
+		return nil
+	}
+	if err := exchange(ev, conn, req, timeout, deadline); err != nil {
+		conn.Close()
+		return nil
+	}
+	// Held silent: no deadline until it is checked.
+	if err := conn.SetDeadline(time.Time{}); err != nil {
+		failed(ev, t0, "hold", err)
+		conn.Close()
+		return nil
+	}
+	return conn
+}
+
+// finishHeld sends req on a held connection, judges its answer into ev (Latency
+// from req.sent), waits for the server's FIN and closes it.
+func finishHeld(ev *Event, conn net.Conn, req request, timeout time.Duration) {
+	defer conn.Close()
+	if err := exchange(ev, conn, req, timeout, req.sent.Add(timeout)); err != nil {
+		return
+	}
+	_, _ = io.Copy(io.Discard, conn)
+}
+
+// exchange sends req on conn and reads its answer by deadline, setting ev's
+// Outcome, Err, Latency and Backend; a non-nil error when it was not answered.
+func exchange(ev *Event, conn net.Conn, req request, timeout time.Duration, deadline monotime.Time) error {
+	t0 := req.sent
+	if err := conn.SetDeadline(deadline.Deadline()); err != nil {
+		failed(ev, t0, "send", err)
+		return err
+	}
+	var buf [256]byte
+	if _, err := conn.Write(req.append(buf[:0])); err != nil {
+		failed(ev, t0, "send", err)
+		return err
+	}
+	line, _, err := readLine(conn, buf[:])
+	t1 := monotime.Now()
+	if err != nil {
+		if err == io.EOF && len(line) > 0 {
+			ev.Outcome, ev.Err, ev.Latency = WrongReply, fmt.Sprintf("reply: truncated %q", line), t1.Sub(t0)
+			return err
+		}
+		failed(ev, t0, "reply", err)
+		return err
+	}
+	if !judgeReply(ev, line, req, t1, timeout) {
+		return errors.New(ev.Err)
+	}
+	return nil
 }
 
 // exchangeTCP makes one connection to addr: connect, send req, read the reply, then

@@ -23,6 +23,17 @@ const (
 	// Seq numbers it, Outcome says how it ended, Latency is start to reply (or to the
 	// failure), Backend is who answered, Target the address dialled.
 	KindAttempt Kind = "attempt"
+	// KindHeld (connect, with Hold): the connection of attempt Seq, which started at
+	// Time and was answered, was held open until the probe stopped, then sent a
+	// second request at End: Outcome ok if it was answered (Latency after End, by
+	// Backend), or how the flow failed (reset, timeout, ...). Held connections are
+	// checked only when the probe stops, after its last watermark: judge KindHeld
+	// events on a window taken once the probe has stopped.
+	KindHeld Kind = "held"
+	// KindReleased (connect, with Hold): from Time on, the probe holds none of the
+	// connections it opens (it was told to release them); those opened before are
+	// held and checked when it stops.
+	KindReleased Kind = "released"
 	// KindOpen (stream): stream Stream was dialled at Time; Outcome ok or the dial's
 	// failure, Latency the handshake.
 	KindOpen Kind = "open"

@@ -135,15 +135,25 @@ func control(ctx context.Context, stdin io.Reader, stop func(), r runner, em *em
 			return
 		case "mark":
 			em.emit(Event{Time: r.mark(), Kind: KindMark})
+		case "release":
+			if rel, ok := r.(releaser); ok {
+				rel.release()
+			} else {
+				em.emit(Event{Time: monotime.Now(), Kind: KindError, Err: "release: this probe holds no connections"})
+			}
 		case "":
 		default:
-			em.emit(Event{Time: monotime.Now(), Kind: KindError, Err: fmt.Sprintf("unknown command %q (stop, mark)", cmd)})
+			em.emit(Event{Time: monotime.Now(), Kind: KindError, Err: fmt.Sprintf("unknown command %q (stop, mark, release)", cmd)})
 		}
 		if ctx.Err() != nil {
 			return
 		}
 	}
 }
+
+// releaser is a runner that holds connections until it is told to stop holding new
+// ones (a connect probe with Hold).
+type releaser interface{ release() }
 
 // runner is one role at work.
 type runner interface {

@@ -20,6 +20,7 @@ func TestConfigArgsRoundTrip(t *testing.T) {
 		Serve{Name: "pod-a", Address: "10.0.0.1", TCP: []int{80}, Report: 50 * time.Millisecond},
 		Connect{Name: "ext", Target: "10.0.0.1:30080", Label: "np", Interval: time.Millisecond, Timeout: 500 * time.Millisecond, MaxInFlight: 9, Count: 3},
 		Connect{Name: "ext", Target: "10.0.0.1:30080"},
+		Connect{Name: "ext", Target: "10.0.0.1:30080", Hold: true},
 		Stream{Name: "st", Target: "[fd00::1]:80", Streams: 8, Interval: 5 * time.Millisecond, GapThreshold: 20 * time.Millisecond},
 		UDP{Name: "p", To: []Destination{{"S", "10.0.0.2:5000"}, {"D", "10.0.0.3:5000"}}, NewSocket: true, Count: 10},
 		UDP{Name: "p", To: []Destination{{"svc", "10.96.0.10:80"}}, Replies: true, Timeout: 200 * time.Millisecond},

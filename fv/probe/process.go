@@ -98,6 +98,7 @@ type Options struct {
 type Process struct {
 	name string
 	role Role
+	cfg  Config
 	cmd  *exec.Cmd
 	opts Options
 
@@ -130,7 +131,7 @@ func Start(ctx context.Context, s Starter, prog Program, cfg Config, opts Option
 	}
 	cmd := prog.Command(cfg)
 	p := &Process{
-		name: cfg.ProbeName(), role: cfg.Role(), cmd: cmd, opts: opts,
+		name: cfg.ProbeName(), role: cfg.Role(), cfg: cfg, cmd: cmd, opts: opts,
 		stderr: &tailBuffer{max: 64 * 1024},
 		ready:  make(chan struct{}), done: make(chan struct{}), markCh: make(chan struct{}),
 	}
@@ -296,6 +297,19 @@ func (p *Process) Command(cmd string) error {
 		return fmt.Errorf("%w: send %q to %s: %w", ErrProbe, cmd, p, err)
 	}
 	return nil
+}
+
+// Config is the configuration the probe was started with.
+func (p *Process) Config() Config { return p.cfg }
+
+// Release tells a connect probe with Hold to hold no connection it opens from now on
+// (it reports a KindReleased event); those it holds it checks when it stops. It does
+// nothing to any other probe.
+func (p *Process) Release() error {
+	if c, ok := p.cfg.(Connect); !ok || !c.Hold {
+		return nil
+	}
+	return p.Command("release")
 }
 
 // Stop asks the probe to stop, lets attempts in flight finish (a connect probe may

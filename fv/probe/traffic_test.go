@@ -150,6 +150,56 @@ var _ = Describe("the probes on a real path", Label("privileged"), func() {
 		Expect(l.tl.Window(synOff.Committed.Add(5*time.Millisecond), est.Sent.Add(-10*time.Millisecond))).To(matchers.HaveNoFailedAttempts())
 	}, NodeTimeout(30*time.Second))
 
+	It("holds answered connections until it stops, and reports each as alive or lost, and how", func(ctx SpecContext) {
+		srv := serve(ctx, probe.Serve{Name: "pod-a", TCP: []int{8080}})
+		cfg := probe.Connect{Target: l.server(8080), Interval: 10 * time.Millisecond, Timeout: 500 * time.Millisecond, Hold: true}
+		cfg.Name = "kept"
+		kept := l.mustStart(ctx, l.pair.Client, cfg)
+		cfg.Name = "lost"
+		lost := l.mustStart(ctx, l.pair.Client, cfg)
+		time.Sleep(300 * time.Millisecond)
+		from := monotime.Now()
+		time.Sleep(200 * time.Millisecond)
+		// Released: what it opens from now on, it does not hold.
+		Expect(kept.Release()).To(Succeed())
+		time.Sleep(100 * time.Millisecond)
+		to := monotime.Now()
+		stop(ctx, kept)
+		// The server's stack now answers every segment of an established
+		// connection with a RST: the held connections of the other probe are lost.
+		rule := "-p tcp --dport 8080 ! --syn -j REJECT --reject-with tcp-reset"
+		_, err := l.fw.Apply(ctx, "-I INPUT "+rule)
+		Expect(err).NotTo(HaveOccurred())
+		stop(ctx, lost)
+		_, err = l.fw.Apply(ctx, "-D INPUT "+rule)
+		Expect(err).NotTo(HaveOccurred())
+		stop(ctx, srv)
+
+		w := l.tl.Window(from, to)
+		alive := matchers.HaveAllHeldAlive(matchers.Probes("kept"))
+		Expect(w).To(alive)
+		report(alive)
+		Expect(alive.Result().Figures[0].Of).To(BeNumerically(">=", 15), "connections held")
+		var heldN, attempts int
+		for _, e := range kept.Events() {
+			switch {
+			case e.Kind == probe.KindHeld:
+				heldN++
+			case e.Kind == probe.KindAttempt && e.Outcome == probe.OK:
+				attempts++
+			}
+		}
+		Expect(heldN).To(BeNumerically("<=", attempts-5), "the connections opened after the release are not held")
+		dead := matchers.HaveAllHeldAlive(matchers.Probes("lost"))
+		Expect(w).NotTo(dead)
+		report(dead)
+		Expect(dead.Result().Kind).To(Equal(matchers.KindReset), dead.FailureMessage(w))
+		Expect(dead.Result().Figures[0].Value).To(Equal(float64(dead.Result().Figures[0].Of)), "every held connection lost")
+		// The attempts themselves were all answered: losing a held flow is not a
+		// failed attempt.
+		Expect(w).To(matchers.HaveNoFailedAttempts())
+	}, NodeTimeout(30*time.Second))
+
 	It("shows a 300 ms drop on streams as a gap over 250 ms, with no reset", func(ctx SpecContext) {
 		srv := serve(ctx, probe.Serve{Name: "pod-a", TCP: []int{8080}})
 		st := l.mustStart(ctx, l.pair.Client, probe.Stream{Name: "st", Target: l.server(8080), Streams: 4})

@@ -19,6 +19,6 @@ func ExampleWindow_Relative() {
 	fmt.Println(w)
 	fmt.Println(w.Relative(10_132 * ms))
 	// Output:
-	// window from 1000.0 ms before stop-sent to +3000.0 ms after ready (4.9 s)
-	// +132.0 ms after stop-sent (18.0 ms before exited)
+	// window from 1.0 s before stop-sent to 3.0 s after ready (4.9 s)
+	// 132.0 ms after stop-sent (18.0 ms before exited)
 }

@@ -75,15 +75,15 @@ func TestTransitionWindow(t *testing.T) {
 		at   monotime.Time
 		want string
 	}{
-		{10_132 * ms, "+132.0 ms after stop-sent (68.0 ms before exited)"},
+		{10_132 * ms, "132.0 ms after stop-sent (68.0 ms before exited)"},
 		{9_500 * ms, "500.0 ms before stop-sent"},
-		{11_000 * ms, "+100.0 ms after ready"},
+		{11_000 * ms, "100.0 ms after ready"},
 	} {
 		if got := w.Relative(c.at); got != c.want {
 			t.Errorf("Relative(%v) = %q, want %q", c.at, got, c.want)
 		}
 	}
-	if got := w.String(); got != "window from 1000.0 ms before stop-sent to +3000.0 ms after ready (4.9 s)" {
+	if got := w.String(); got != "window from 1.0 s before stop-sent to 3.0 s after ready (4.9 s)" {
 		t.Errorf("String = %q", got)
 	}
 }
@@ -102,7 +102,7 @@ func TestExcerptGroupsRoutineEventsAndMarksHighlights(t *testing.T) {
 	out := w.Excerpt(1010*ms, 100*time.Millisecond, 100*time.Millisecond, func(e probe.Event) bool { return e.Outcome == probe.Reset })
 	t.Log("\n" + out)
 	for _, want := range []string{
-		"(times relative to stop-sent; +10.0 ms after stop-sent)",
+		"(times relative to stop-sent; 10.0 ms after stop-sent)",
 		"-50.000 ms  ext          attempts #1..#50 ok (50 over 49.0 ms",
 		"===== stop-sent (SIGTERM) =====",
 		"+10.000 ms  ext          attempt #61 to t: RESET after 0.0 ms (receive: connection reset (RST))   <==",
@@ -127,5 +127,84 @@ func TestSpanWindow(t *testing.T) {
 	}
 	if w.Start != 5*ms || w.End != 50*ms {
 		t.Fatalf("span window [%d, %d], want [5 ms, 50 ms]", w.Start, w.End)
+	}
+}
+
+func TestWordingForPeople(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{0, "0.0 ms"},
+		{18 * time.Millisecond, "18.0 ms"},
+		{999_940 * time.Microsecond, "999.9 ms"},
+		{time.Second, "1.0 s"},
+		{4100 * time.Millisecond, "4.1 s"},
+		{1523 * time.Millisecond, "1.523 s"},
+		{-250 * time.Millisecond, "-250.0 ms"},
+	} {
+		if got := timeline.Duration(tc.d); got != tc.want {
+			t.Errorf("Duration(%s) = %q, want %q", tc.d, got, tc.want)
+		}
+	}
+
+	tl := timeline.New()
+	tl.RecordAt(10_000*ms, timeline.StopSent, "")
+	tl.RecordAt(10_900*ms, timeline.Ready, "")
+	w := tl.Window(9_000*ms, 13_100*ms)
+	if got, want := w.String(), "window from 1.0 s before stop-sent to 2.2 s after ready (4.1 s)"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+	for _, tc := range []struct {
+		at   monotime.Time
+		want string
+	}{
+		{10_000 * ms, "at stop-sent"},
+		{10_900 * ms, "at ready"},
+		{10_450 * ms, "450.0 ms after stop-sent (450.0 ms before ready)"},
+	} {
+		if got := w.Relative(tc.at); got != tc.want {
+			t.Errorf("Relative(%v) = %q, want %q", tc.at, got, tc.want)
+		}
+	}
+
+	// A window with no transition event (a steady state) is described by its length
+	// and its moments by how far into it they are: never "+0.0 ms after the window
+	// start".
+	bare := timeline.New().Window(1_000*ms, 2_000*ms)
+	if got, want := bare.String(), "window of 1.0 s"; got != want {
+		t.Errorf("String() = %q, want %q", got, want)
+	}
+	for _, tc := range []struct {
+		at   monotime.Time
+		want string
+	}{
+		{1_000 * ms, "at the window start"},
+		{1_250 * ms, "250.0 ms into the window"},
+		{900 * ms, "100.0 ms before the window start"},
+	} {
+		if got := bare.Relative(tc.at); got != tc.want {
+			t.Errorf("Relative(%v) = %q, want %q", tc.at, got, tc.want)
+		}
+	}
+}
+
+// Describe never prints an empty name: an event that lacks a field says so.
+func TestDescribeNamesWhatIsMissing(t *testing.T) {
+	kinds := []probe.Kind{probe.KindReady, probe.KindAttempt, probe.KindOpen, probe.KindEcho, probe.KindGap, probe.KindEnd,
+		probe.KindSent, probe.KindReply, probe.KindRecv, probe.KindReach, probe.KindError, probe.KindDone, probe.KindExit}
+	for _, k := range kinds {
+		for _, o := range []probe.Outcome{probe.OK, probe.Reset} {
+			e := probe.Event{Kind: k, Outcome: o}
+			got := timeline.Describe(e)
+			for _, bad := range []string{"  ", "()", "( ", " )", "by ,", "by  ", "to :", "from  ", ": (", " :"} {
+				if strings.Contains(got, bad) {
+					t.Errorf("Describe(%s, %s) = %q: contains %q, an empty field printed", k, o, got, bad)
+				}
+			}
+			if strings.HasSuffix(got, " ") || strings.HasSuffix(got, "by") || strings.HasSuffix(got, "to") {
+				t.Errorf("Describe(%s, %s) = %q ends on an empty field", k, o, got)
+			}
+		}
 	}
 }

@@ -40,29 +40,55 @@ func (w Window) Inside() []probe.Event {
 func (w Window) Duration() time.Duration { return w.End.Sub(w.Start) }
 
 // String describes the window relative to the transition events, e.g.
-// "window from 1000.0 ms before stop-sent to +3000.0 ms after ready (5.2 s)".
+// "window from 1.0 s before stop-sent to 3.0 s after ready (4.9 s)"; a window with no
+// transition event in the timeline is described by its length alone.
 func (w Window) String() string {
-	length := fmt.Sprintf("%.1f s", w.Duration().Seconds())
-	if w.Duration() < time.Second {
-		length = ms(w.Duration())
+	// The length is a summary: to the tenth of a second, or the tenth of a ms.
+	length := w.Duration()
+	if length >= time.Second {
+		length = length.Round(100 * time.Millisecond)
 	}
-	return fmt.Sprintf("window from %s to %s (%s)", w.Relative(w.Start), w.Relative(w.End), length)
+	if len(w.Transitions) == 0 {
+		return "window of " + Duration(length)
+	}
+	return fmt.Sprintf("window from %s to %s (%s)", w.Relative(w.Start), w.Relative(w.End), Duration(length))
 }
 
 // Relative places t relative to the transition events around it, e.g.
-// "+132.4 ms after stop-sent (18.0 ms before exited)". With no transition events it
-// is relative to the window start.
+// "132.4 ms after stop-sent (18.0 ms before exited)", or "at ready". With no
+// transition events it is relative to the window start.
 func (w Window) Relative(t monotime.Time) string {
 	prev, next := w.around(t)
 	switch {
+	case prev != nil && prev.Time == t:
+		return "at " + prev.Name
 	case prev != nil && next != nil:
-		return fmt.Sprintf("+%s after %s (%s before %s)", ms(t.Sub(prev.Time)), prev.Name, ms(next.Time.Sub(t)), next.Name)
+		return fmt.Sprintf("%s after %s (%s before %s)", Duration(t.Sub(prev.Time)), prev.Name, Duration(next.Time.Sub(t)), next.Name)
 	case prev != nil:
-		return fmt.Sprintf("+%s after %s", ms(t.Sub(prev.Time)), prev.Name)
+		return fmt.Sprintf("%s after %s", Duration(t.Sub(prev.Time)), prev.Name)
 	case next != nil:
-		return fmt.Sprintf("%s before %s", ms(next.Time.Sub(t)), next.Name)
+		return fmt.Sprintf("%s before %s", Duration(next.Time.Sub(t)), next.Name)
+	case t == w.Start:
+		return "at the window start"
+	case t < w.Start:
+		return fmt.Sprintf("%s before the window start", Duration(w.Start.Sub(t)))
 	}
-	return fmt.Sprintf("+%s after the window start", ms(t.Sub(w.Start)))
+	return fmt.Sprintf("%s into the window", Duration(t.Sub(w.Start)))
+}
+
+// Duration renders a span for people: "18.0 ms" under a second, "3.0 s" or "1.523 s"
+// from there (to the millisecond, unless it is a whole tenth).
+func Duration(d time.Duration) string {
+	if d < 0 {
+		return "-" + Duration(-d)
+	}
+	if d < time.Second {
+		return fmt.Sprintf("%.1f ms", float64(d)/1e6)
+	}
+	if r := d.Round(time.Millisecond); r%(100*time.Millisecond) == 0 {
+		return fmt.Sprintf("%.1f s", r.Seconds())
+	}
+	return fmt.Sprintf("%.3f s", d.Seconds())
 }
 
 // around returns the last transition at or before t and the first after it.
@@ -89,8 +115,6 @@ func (w Window) reference(t monotime.Time) (monotime.Time, string) {
 	}
 	return w.Start, "the window start"
 }
-
-func ms(d time.Duration) string { return fmt.Sprintf("%.1f ms", float64(d)/1e6) }
 
 func signedMs(d time.Duration) string {
 	if d < 0 {
@@ -233,85 +257,147 @@ func describeRun(run []probe.Event, span time.Duration) string {
 		minLat, maxLat = min(minLat, e.Latency), max(maxLat, e.Latency)
 	}
 	fail := strings.ToUpper(string(first.Outcome))
+	seqs := fmt.Sprintf("#%d..#%d", first.Seq, last.Seq)
+	n := fmt.Sprintf("%d over %s", len(run), Duration(span))
+	lat := fmt.Sprintf("latency %.2f-%.2f ms", float64(minLat)/1e6, float64(maxLat)/1e6)
 	switch {
 	case first.Kind == probe.KindAttempt && first.Outcome != probe.OK:
-		return fmt.Sprintf("attempts #%d..#%d to %s: %s (%d over %s; %s)", first.Seq, last.Seq, first.Target, fail, len(run), ms(span), first.Err)
+		return fmt.Sprintf("attempts %s to %s: %s (%s%s)", seqs, target(first), fail, n, semi(first.Err))
 	case first.Kind == probe.KindSent && first.Outcome != probe.OK:
-		return fmt.Sprintf("datagrams #%d..#%d to %s NOT SENT: %s (%d over %s; %s)", first.Seq, last.Seq, first.Target, fail, len(run), ms(span), first.Err)
+		return fmt.Sprintf("datagrams %s to %s NOT SENT: %s (%s%s)", seqs, target(first), fail, n, semi(first.Err))
 	case first.Kind == probe.KindAttempt:
-		return fmt.Sprintf("attempts #%d..#%d ok (%d over %s; latency %.2f-%.2f ms; answered by %s)",
-			first.Seq, last.Seq, len(run), ms(span), float64(minLat)/1e6, float64(maxLat)/1e6, strings.Join(names, ","))
+		by := "answered by " + strings.Join(names, ",")
+		if len(names) == 0 {
+			by = unnamedServer
+		}
+		return fmt.Sprintf("attempts %s ok (%s; %s; %s)", seqs, n, lat, by)
 	case first.Kind == probe.KindSent:
-		return fmt.Sprintf("datagrams #%d..#%d to %s sent (%d over %s)", first.Seq, last.Seq, first.Target, len(run), ms(span))
+		return fmt.Sprintf("datagrams %s to %s sent (%s)", seqs, target(first), n)
 	case first.Kind == probe.KindReply && first.Outcome != probe.OK:
-		return fmt.Sprintf("datagrams #%d..#%d to %s answered by %s: %s (%d over %s; %s)", first.Seq, last.Seq, first.Target, first.Backend, fail, len(run), ms(span), first.Err)
+		return fmt.Sprintf("datagrams %s to %s %s: %s (%s%s)", seqs, target(first), answeredBy(first), fail, n, semi(first.Err))
 	case first.Kind == probe.KindReply:
-		return fmt.Sprintf("datagrams #%d..#%d to %s answered by %s (%d over %s; latency %.2f-%.2f ms)",
-			first.Seq, last.Seq, first.Target, first.Backend, len(run), ms(span), float64(minLat)/1e6, float64(maxLat)/1e6)
+		return fmt.Sprintf("datagrams %s to %s %s (%s; %s)", seqs, target(first), answeredBy(first), n, lat)
 	default:
-		return fmt.Sprintf("received %d requests from %s (#%d..#%d%s) over %s", len(run), first.From, first.Seq, last.Seq, strings.TrimSuffix(", to "+first.Target, ", to "), ms(span))
+		to := ""
+		if first.Target != "" {
+			to = ", to " + first.Target
+		}
+		return fmt.Sprintf("received %d requests from %s (%s%s) over %s", len(run), or(first.From, "an unnamed sender"), seqs, to, Duration(span))
 	}
 }
 
-// Describe renders one probe event for a person.
+// unnamedServer stands for a server's name where a reply carried none: a message
+// never prints an empty name.
+const unnamedServer = "answered by a server that gave no name"
+
+// or returns s, or none when s is empty.
+func or(s, none string) string {
+	if s == "" {
+		return none
+	}
+	return s
+}
+
+func target(e probe.Event) string { return or(e.Target, "an unnamed destination") }
+
+func answeredBy(e probe.Event) string {
+	if e.Backend == "" {
+		return unnamedServer
+	}
+	return "answered by " + e.Backend
+}
+
+// paren is " (why)", or nothing without a why.
+func paren(why string) string {
+	if why == "" {
+		return ""
+	}
+	return " (" + why + ")"
+}
+
+// semi is "; why", or nothing without a why.
+func semi(why string) string {
+	if why == "" {
+		return ""
+	}
+	return "; " + why
+}
+
+// Describe renders one probe event for a person. A field the event lacks is said to
+// be missing, never printed empty.
 func Describe(e probe.Event) string {
 	fail := strings.ToUpper(string(e.Outcome))
 	switch e.Kind {
 	case probe.KindReady:
-		return fmt.Sprintf("probe ready (%s, pid %d)", e.Role, e.PID)
+		return fmt.Sprintf("probe ready (%s, pid %d)", or(string(e.Role), "role not given"), e.PID)
 	case probe.KindAttempt:
 		if e.Outcome == probe.OK {
-			return fmt.Sprintf("attempt #%d to %s: ok in %.2f ms, answered by %s", e.Seq, e.Target, float64(e.Latency)/1e6, e.Backend)
+			return fmt.Sprintf("attempt #%d to %s: ok in %.2f ms, %s", e.Seq, target(e), float64(e.Latency)/1e6, answeredBy(e))
 		}
-		return fmt.Sprintf("attempt #%d to %s: %s after %s (%s)", e.Seq, e.Target, fail, ms(e.Latency), e.Err)
+		return fmt.Sprintf("attempt #%d to %s: %s after %s%s", e.Seq, target(e), fail, Duration(e.Latency), paren(e.Err))
+	case probe.KindHeld:
+		held := Duration(e.End.Sub(e.Time))
+		if e.Outcome == probe.OK {
+			return fmt.Sprintf("held connection #%d to %s: still %s after %s", e.Seq, target(e), answeredBy(e), held)
+		}
+		return fmt.Sprintf("held connection #%d to %s: LOST, checked after %s: %s%s", e.Seq, target(e), held, fail, paren(e.Err))
 	case probe.KindOpen:
 		if e.Outcome == probe.OK {
-			return fmt.Sprintf("stream %d opened to %s in %.2f ms", e.Stream, e.Target, float64(e.Latency)/1e6)
+			return fmt.Sprintf("stream %d opened to %s in %.2f ms", e.Stream, target(e), float64(e.Latency)/1e6)
 		}
-		return fmt.Sprintf("stream %d to %s failed to open: %s after %s (%s)", e.Stream, e.Target, fail, ms(e.Latency), e.Err)
+		return fmt.Sprintf("stream %d to %s failed to open: %s after %s%s", e.Stream, target(e), fail, Duration(e.Latency), paren(e.Err))
 	case probe.KindEcho:
-		return fmt.Sprintf("stream %d: %d %s from %s up to #%d over %s, largest gap %s", e.Stream, e.Count, plural(e.Count, "echo", "echoes"), e.Backend, e.Seq, ms(e.End.Sub(e.Time)), ms(e.Gap))
+		return fmt.Sprintf("stream %d: %d %s from %s up to #%d over %s, largest gap %s", e.Stream, e.Count, plural(e.Count, "echo", "echoes"),
+			or(e.Backend, "a server that gave no name"), e.Seq, Duration(e.End.Sub(e.Time)), Duration(e.Gap))
 	case probe.KindGap:
-		return fmt.Sprintf("stream %d: GAP of %s without an echo (ended by echo #%d)", e.Stream, ms(e.Gap), e.Seq)
+		return fmt.Sprintf("stream %d: GAP of %s without an echo (ended by echo #%d)", e.Stream, Duration(e.Gap), e.Seq)
 	case probe.KindEnd:
 		if e.Outcome == probe.Stopped {
 			return fmt.Sprintf("stream %d stopped by the probe", e.Stream)
 		}
-		return fmt.Sprintf("stream %d (answered by %s) ENDED: %s (%s)", e.Stream, e.Backend, fail, e.Err)
+		by := ""
+		if e.Backend != "" {
+			by = " (answered by " + e.Backend + ")"
+		}
+		return fmt.Sprintf("stream %d%s ENDED: %s%s", e.Stream, by, fail, paren(e.Err))
 	case probe.KindSent:
 		if e.Outcome == probe.OK {
-			return fmt.Sprintf("datagram #%d to %s sent", e.Seq, e.Target)
+			return fmt.Sprintf("datagram #%d to %s sent", e.Seq, target(e))
 		}
-		return fmt.Sprintf("datagram #%d to %s NOT SENT: %s (%s)", e.Seq, e.Target, fail, e.Err)
+		return fmt.Sprintf("datagram #%d to %s NOT SENT: %s%s", e.Seq, target(e), fail, paren(e.Err))
 	case probe.KindReply:
 		if e.Outcome == probe.OK {
-			return fmt.Sprintf("datagram #%d to %s answered by %s after %s", e.Seq, e.Target, e.Backend, ms(e.Latency))
+			return fmt.Sprintf("datagram #%d to %s %s after %s", e.Seq, target(e), answeredBy(e), Duration(e.Latency))
 		}
-		return fmt.Sprintf("datagram #%d to %s answered by %s after %s: %s (%s)", e.Seq, e.Target, e.Backend, ms(e.Latency), fail, e.Err)
+		return fmt.Sprintf("datagram #%d to %s %s after %s: %s%s", e.Seq, target(e), answeredBy(e), Duration(e.Latency), fail, paren(e.Err))
 	case probe.KindRecv:
 		to := ""
 		if e.Target != "" {
 			to = " (to " + e.Target + ")"
 		}
-		return fmt.Sprintf("received %s #%d from %s%s after %s", e.Proto, e.Seq, e.From, to, ms(e.End.Sub(e.Time)))
+		return fmt.Sprintf("received %s #%d from %s%s after %s", or(e.Proto, "a request"), e.Seq, or(e.From, "an unnamed sender"), to, Duration(e.End.Sub(e.Time)))
 	case probe.KindReach:
 		tries := ""
 		if e.Count > 1 {
 			tries = fmt.Sprintf(" (try %d)", e.Count)
 		}
+		what := fmt.Sprintf("reach %q (%s %s)", e.Label, or(e.Proto, "protocol not given"), target(e))
 		if e.Outcome == probe.OK {
-			return fmt.Sprintf("reach %q (%s %s): ok in %.2f ms%s, answered by %s", e.Label, e.Proto, e.Target, float64(e.Latency)/1e6, tries, e.Backend)
+			return fmt.Sprintf("%s: ok in %.2f ms%s, %s", what, float64(e.Latency)/1e6, tries, answeredBy(e))
 		}
-		return fmt.Sprintf("reach %q (%s %s): %s after %s%s (%s)", e.Label, e.Proto, e.Target, fail, ms(e.Latency), tries, e.Err)
+		return fmt.Sprintf("%s: %s after %s%s%s", what, fail, Duration(e.Latency), tries, paren(e.Err))
 	case probe.KindMark:
 		return "watermark"
 	case probe.KindError:
-		return "PROBE ERROR: " + e.Err
+		return "PROBE ERROR: " + or(e.Err, "no detail given")
 	case probe.KindDone:
 		return fmt.Sprintf("probe stopped cleanly (%d made)", e.Count)
 	case probe.KindExit:
 		if e.Outcome == probe.OK {
 			return "probe process exited"
+		}
+		if e.Err == "" {
+			return "probe process " + fail
 		}
 		return fmt.Sprintf("probe process %s: %s", fail, e.Err)
 	}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
 	"github.com/dpconform/dpconform/topologies"
 )
 
@@ -197,7 +198,7 @@ func WaitFlowing(ctx context.Context, w *harness.World, fl Flow, warm Warm) erro
 			}
 		}
 		return fmt.Errorf("%w: %s (%s from %s) did not carry %d connections in a row to %s within %s of the API listing its backends; last attempt: %s",
-			ErrNotFlowing, fl.Name, fl.Target, fl.From.Name(), warm.Streak, to, warm.Within, lastText)
+			ErrNotFlowing, fl.Name, fl.Target, fl.From.Name(), warm.Streak, to, timeline.Duration(warm.Within), lastText)
 	case <-ctx.Done():
 		return ctx.Err()
 	}
@@ -243,7 +244,7 @@ func WaitUDPFlowing(ctx context.Context, w *harness.World, fl Flow, warm Warm) e
 				last += " (" + bad.Err + ")"
 			}
 			return fmt.Errorf("%w: %s (UDP to %s from %s): no round of %d datagrams from new sockets was answered by %s in full within %s of the API listing its backends; last round's first miss: %s",
-				ErrNotFlowing, fl.Name, fl.Target, fl.From.Name(), warm.Streak, to, warm.Within, last)
+				ErrNotFlowing, fl.Name, fl.Target, fl.From.Name(), warm.Streak, to, timeline.Duration(warm.Within), last)
 		}
 	}
 }

@@ -11,7 +11,12 @@
 //     first; the chains accept nothing the programs have not marked, and their
 //     workload gates drop the traffic of every pod interface that is not a workload
 //     whose programs and policy are attached (those of the previous run still are);
-//  1. attach the host interface's programs (Run, once);
+//  1. attach the host interface's programs, and this run's endpoint programs to
+//     the endpoints the previous run attached, their state and policy as they are;
+//     then, once no program of the previous run is left to write its conntrack
+//     map, copy a previous map (another size or refdp version) into this run's,
+//     converted, and drop it (Run, once; bpf's migrate.go says why this order
+//     loses no flow);
 //
 // then each round, once the view is complete (datastore in sync: services, endpoint
 // slices, all pods, namespaces, network policies and the node's own object; host IPs
@@ -98,6 +103,9 @@ type Config struct {
 	WorkloadInterfacePrefix string
 	// ConntrackSize is the conntrack table's capacity (0: the datapath's default).
 	ConntrackSize uint32
+	// ConntrackFormat is the conntrack format, that is the version of refdp, the
+	// agent runs (0: bpf.DefaultConntrackFormat, v2).
+	ConntrackFormat bpf.ConntrackFormat
 	// Faults are the defects to reintroduce (self-test only).
 	Faults faults.Set
 	// Log receives the agent's log (default: stderr).
@@ -200,10 +208,15 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 
 	var err error
+	if cfg.Faults.Has(faults.NoCTMigration) {
+		a.log.Warn("fault: a previous conntrack map is dropped, not migrated", "fault", faults.NoCTMigration)
+	}
 	a.dp, err = bpf.Open(cfg.PinDir, bpf.Options{
-		ConntrackSize:     cfg.ConntrackSize,
-		UnpinnedConntrack: cfg.Faults.Has(faults.UnpinnedConntrack),
-		SNATPortUnchecked: cfg.Faults.Has(faults.SNATPortUnchecked),
+		ConntrackSize:        cfg.ConntrackSize,
+		ConntrackFormat:      cfg.ConntrackFormat,
+		UnpinnedConntrack:    cfg.Faults.Has(faults.UnpinnedConntrack),
+		NoConntrackMigration: cfg.Faults.Has(faults.NoCTMigration),
+		SNATPortUnchecked:    cfg.Faults.Has(faults.SNATPortUnchecked),
 	})
 	if err != nil {
 		return err
@@ -211,6 +224,10 @@ func Run(ctx context.Context, cfg Config) error {
 	// Close releases file descriptors only: pinned maps and links stay, and with them
 	// the datapath.
 	defer a.dp.Close()
+	a.status.conntrack = a.dp.Conntrack().Name() + " (" + a.dp.ConntrackFormat().String() + ")"
+	if cfg.Faults.Has(faults.CTCopyBeforeAttach) {
+		a.log.Warn("fault: the previous conntrack map is copied before the programs are attached", "fault", faults.CTCopyBeforeAttach, "order", fmt.Sprint(startOrder(cfg.Faults)))
+	}
 	if cfg.Faults.Has(faults.SNATPortUnchecked) {
 		a.log.Warn("fault: the datapath's SNAT port pick is defective", "fault", faults.SNATPortUnchecked, "what", faults.Describe(faults.SNATPortUnchecked))
 	}
@@ -286,36 +303,19 @@ func Run(ctx context.Context, cfg Config) error {
 	if err := writeSysctl("net/ipv4/conf/"+cfg.HostInterface+"/send_redirects", "0"); err != nil {
 		return err
 	}
-	// The chains first (step 0): the programs drop a fallthrough packet that
-	// iptables has not vouched for, so the rule that vouches must exist before they
-	// are attached, or flows that predate the datapath would stall until the first
-	// round writes it. The gates keep open the workloads a previous run programmed:
-	// their programs and policy are still attached, and a restart must not cut them.
-	// On a node refdp never programmed, the pods predate it and ran unfiltered: the
-	// gates come with the first round, which attaches their programs first.
-	installed, err := iptables.Installed(ctx)
-	if err != nil {
-		return err
-	}
-	prev, err := iptables.Workloads(ctx)
-	if err != nil {
-		return err
-	}
-	if err := a.writeIPTables(ctx, existingLinks(prev), !installed); err != nil {
-		return err
-	}
-	if err := a.dp.AttachHost(a.hostIdx); err != nil {
-		return fmt.Errorf("attach to %s: %w", cfg.HostInterface, err)
-	}
-	if cfg.Faults.Has(faults.OpenWhileRestarting) {
-		if err := a.reattachFromScratch(); err != nil {
+	for _, st := range startOrder(cfg.Faults) {
+		var err error
+		switch st {
+		case startChains:
+			err = a.writeStartChains(ctx)
+		case startAttach:
+			err = a.attachAll()
+		case startMigrate:
+			err = a.migrateConntrack()
+		}
+		if err != nil {
 			return err
 		}
-	}
-	if n, err := a.dp.MigrateConntrack(); err != nil {
-		return err
-	} else if n > 0 {
-		a.log.Info("migrated conntrack entries from the previous map", "entries", n)
 	}
 
 	kube, err := a.client()
@@ -331,6 +331,89 @@ func Run(ctx context.Context, cfg Config) error {
 		a.status.write(false, "waiting for the datastore and host IPs")
 	}
 	return a.loop(ctx)
+}
+
+// startStep is one of the steps the agent runs once, at start, before its rounds
+// (steps 0 and 1 of the package comment).
+type startStep int
+
+const (
+	startChains  startStep = iota // 0: refdp's chains, with the previous run's workloads
+	startAttach                   // 1: the host programs, then this run's on the previous run's endpoints
+	startMigrate                  // 1: the previous conntrack map copied into this run's, and dropped
+)
+
+var startStepNames = [...]string{"write-chains", "attach", "migrate-conntrack"}
+
+func (s startStep) String() string { return startStepNames[s] }
+
+// startOrder returns the order of the start steps: the package comment's, or with
+// the migration first (ct-copy-before-attach), where the previous run's programs
+// still run on every hook and go on writing the previous map until the attach: what
+// they write after the copy is lost.
+func startOrder(f faults.Set) []startStep {
+	if f.Has(faults.CTCopyBeforeAttach) {
+		return []startStep{startMigrate, startChains, startAttach}
+	}
+	return []startStep{startChains, startAttach, startMigrate}
+}
+
+// writeStartChains writes refdp's chains at start (step 0). They come before the
+// programs: the programs drop a fallthrough packet that iptables has not vouched
+// for, so the rule that vouches must exist before they are attached, or flows that
+// predate the datapath would stall until the first round writes it. The gates keep
+// open the workloads a previous run programmed: their programs and policy are still
+// attached, and a restart must not cut them. On a node refdp never programmed, the
+// pods predate it and ran unfiltered: the gates come with the first round, which
+// attaches their programs first.
+func (a *Agent) writeStartChains(ctx context.Context) error {
+	installed, err := iptables.Installed(ctx)
+	if err != nil {
+		return err
+	}
+	prev, err := iptables.Workloads(ctx)
+	if err != nil {
+		return err
+	}
+	return a.writeIPTables(ctx, existingLinks(prev), !installed)
+}
+
+// attachAll attaches this run's programs to every hook (step 1): the host
+// interface, then the endpoints the previous run attached, their state and policy
+// as they are, so that no program of the previous run is left to write a
+// previous conntrack map before it is migrated.
+func (a *Agent) attachAll() error {
+	if err := a.dp.AttachHost(a.hostIdx); err != nil {
+		return fmt.Errorf("attach to %s: %w", a.cfg.HostInterface, err)
+	}
+	if a.cfg.Faults.Has(faults.OpenWhileRestarting) {
+		if err := a.reattachFromScratch(); err != nil {
+			return err
+		}
+	}
+	n, err := a.dp.ReattachEndpoints()
+	if err != nil {
+		return err
+	}
+	a.log.Info("attached this run's programs to the endpoints of the previous run", "endpoints", n)
+	return nil
+}
+
+// migrateConntrack copies the previous conntrack maps, if any, into the datapath's
+// and records what it did in the status file.
+func (a *Agent) migrateConntrack() error {
+	mig, err := a.dp.MigrateConntrack()
+	if err != nil {
+		return err
+	}
+	if len(mig.From) == 0 {
+		return nil
+	}
+	a.log.Info("migrated conntrack", "from", mig.From, "to", a.status.conntrack,
+		"copied", mig.Copied, "present", mig.Present, "duration", mig.Duration)
+	a.status.migration = &Migration{From: mig.From, Copied: mig.Copied, Present: mig.Present,
+		DurationMs: float64(mig.Duration.Microseconds()) / 1000}
+	return nil
 }
 
 func (a *Agent) client() (kubernetes.Interface, error) {

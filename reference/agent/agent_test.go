@@ -42,6 +42,29 @@ func TestRoundOrder(t *testing.T) {
 	}
 }
 
+// TestStartOrder pins the order of the start steps: the conntrack migration after
+// every hook runs this run's programs, or before (ct-copy-before-attach, the review
+// point of Calico PR 12164), which is the window that fault opens.
+func TestStartOrder(t *testing.T) {
+	for _, tc := range []struct {
+		faults []string
+		want   []startStep
+	}{
+		{nil, []startStep{startChains, startAttach, startMigrate}},
+		{[]string{faults.CTCopyBeforeAttach}, []startStep{startMigrate, startChains, startAttach}},
+		// Faults of the start that are not about the migration leave it last.
+		{[]string{faults.NoCTMigration, faults.OpenWhileRestarting, faults.CleanupBeforeAttach}, []startStep{startChains, startAttach, startMigrate}},
+	} {
+		f, err := faults.Parse(tc.faults)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := startOrder(f); !slices.Equal(got, tc.want) {
+			t.Errorf("faults %v: start order %v, want %v", tc.faults, got, tc.want)
+		}
+	}
+}
+
 // TestRoundOrderInvariants checks, for every combination of faults, what the order
 // must keep: the gates open after the attach, IP sets are written before sets are
 // deleted, and gone endpoints are detached only after the gates closed.

@@ -18,13 +18,36 @@ type Status struct {
 	Ready   bool      `json:"ready"`
 	Message string    `json:"message"`
 	Updated time.Time `json:"updated"`
+	// Conntrack is the conntrack map the agent's programs use and its format (the
+	// version of refdp), e.g. "dpc_conntrack_v2 (v2)".
+	Conntrack string `json:"conntrack,omitempty"`
+	// Migration is what the agent's start copied from the conntrack maps of a
+	// previous run (another size or version); nil if there were none.
+	Migration *Migration `json:"migration,omitempty"`
 }
 
-type statusFile struct{ path string }
+// Migration is a conntrack migration at start (bpf.Migration).
+type Migration struct {
+	// From names the previous maps, e.g. "dpc_conntrack (v1, 65536 entries)".
+	From []string `json:"from"`
+	// Copied entries, and Present: those the new map had already (adopted by the
+	// programs since they were loaded, or a new flow's).
+	Copied  int `json:"copied"`
+	Present int `json:"present"`
+	// DurationMs is how long the copy took.
+	DurationMs float64 `json:"durationMs"`
+}
+
+type statusFile struct {
+	path      string
+	conntrack string
+	migration *Migration
+}
 
 // write replaces the status file atomically, so a reader never sees half of it.
 func (s *statusFile) write(ready bool, msg string) error {
-	data, err := json.Marshal(Status{PID: os.Getpid(), Ready: ready, Message: msg, Updated: time.Now()})
+	data, err := json.Marshal(Status{PID: os.Getpid(), Ready: ready, Message: msg, Updated: time.Now(),
+		Conntrack: s.conntrack, Migration: s.migration})
 	if err != nil {
 		return err
 	}

@@ -127,6 +127,16 @@ const (
 	// live stream, whose replies then go to the new flow's client: the stream
 	// stalls, and the new connection meets the old one's state at the backend.
 	SNATPortUnchecked = "snat-port-unchecked"
+	// CTCopyBeforeAttach: on a start that changes the conntrack map (another size
+	// or version), the agent copies the previous map into the new one, and drops
+	// it, before it attaches the new programs: what the previous run's programs,
+	// still attached, write in between (the new flows of that window) is lost
+	// (the review point of Calico PR 12164: copy after the attach).
+	CTCopyBeforeAttach = "ct-copy-before-attach"
+	// NoCTMigration: a start that changes the conntrack map drops the previous
+	// map without copying it: every flow that needs its conntrack entry (NAT)
+	// breaks on the upgrade.
+	NoCTMigration = "no-ct-migration"
 )
 
 var known = map[string]string{
@@ -154,6 +164,8 @@ var known = map[string]string{
 	HostIPsReadOnce:                  "host IPs read once at start and never watched: no NodePort on an address added later",
 	HostIPRemovalsIgnored:            "the host-address watcher ignores removals: a removed address keeps its NodePort frontends",
 	SNATPortUnchecked:                "with no free SNAT port, a new NodePort flow takes over its first candidate without checking the flow holding it is over",
+	CTCopyBeforeAttach:               "a resized or upgraded conntrack map is copied before the new programs are attached: what the old programs write meanwhile is lost",
+	NoCTMigration:                    "a resized or upgraded conntrack map starts empty: the previous one is dropped, not migrated",
 }
 
 // Set is a set of enabled faults.

@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/metadata"
+	"k8s.io/client-go/rest"
 )
 
 // A control plane can serve one run after another: Baseline records what it holds
@@ -108,11 +109,15 @@ type listed struct {
 
 // listAll lists every object of every resource that can be listed and deleted.
 func (cp *ControlPlane) listAll(ctx context.Context) ([]listed, error) {
-	disc, err := discovery.NewDiscoveryClientForConfig(cp.restConfig)
+	// Listing every resource lists deprecated ones too (v1 Endpoints): their
+	// warnings would go to the run's log once per reset, for nothing a person can do.
+	cfg := rest.CopyConfig(cp.restConfig)
+	cfg.WarningHandler = rest.NoWarnings{}
+	disc, err := discovery.NewDiscoveryClientForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}
-	meta, err := metadata.NewForConfig(cp.restConfig)
+	meta, err := metadata.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
 	}

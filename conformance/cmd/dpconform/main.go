@@ -23,11 +23,14 @@ import (
 const usage = `dpconform: conformance of Kubernetes dataplanes across transitions
 
 usage:
-  dpconform run --driver PATH [--profiles Core,...] [--output DIR] [--repeat N]
-                [--topology netns|kind]
+  dpconform run --driver PATH [--profiles Core,...] [--focus ID] [--output DIR]
+                [--repeat N] [--quiet] [-v] [--topology netns|kind]
                                        run the suite against an implementation's driver
-                                       (each spec N times: it passes only if all N pass)
-  dpconform specs                      list the spec catalogue
+                                       (each spec N times: it passes only if all N pass;
+                                       the report gives each figure's spread)
+  dpconform report DIR                 make report.yaml and report.html again from the
+                                       run data saved in DIR
+  dpconform specs [--markdown]         list the spec catalogue (--markdown: docs/specs.md)
   dpconform cleanup [--run ID ...] [--images]
                                        remove what killed runs left behind, netns and
                                        kind (idempotent); --images: the kind images too
@@ -48,8 +51,10 @@ func main() {
 	switch os.Args[1] {
 	case "run":
 		err = run(os.Args[2:])
+	case "report":
+		err = report(os.Args[2:])
 	case "specs":
-		listSpecs()
+		err = specs(os.Args[2:])
 	case "probe":
 		os.Exit(probe.Main(os.Args[2:]))
 	case "pause":

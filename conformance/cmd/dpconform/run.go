@@ -5,12 +5,16 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"text/tabwriter"
+
+	"github.com/onsi/ginkgo/v2/formatter"
+	"golang.org/x/term"
 
 	"github.com/dpconform/dpconform/conformance"
 	_ "github.com/dpconform/dpconform/conformance/specs" // the catalogue
@@ -30,10 +34,11 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ExitOnError)
 	drv := fs.String("driver", "", "path of the implementation's driver executable (required)")
 	profiles := fs.String("profiles", "", "comma-separated profiles to run (default: every profile the implementation claims)")
-	output := fs.String("output", filepath.Join("_output", "conformance"), "directory for report.yaml, junit.xml and diagnostics")
+	output := fs.String("output", filepath.Join("_output", "conformance"), "directory for report.yaml, report.html, junit.xml, the run data and diagnostics")
 	var env multiFlag
 	fs.Var(&env, "driver-env", "KEY=VALUE added to every driver call's environment (repeatable)")
-	verbose := fs.Bool("v", false, "print progress")
+	verbose := fs.Bool("v", false, "also print what each spec does in detail (topology, driver calls, steps)")
+	quiet := fs.Bool("quiet", false, "for CI logs: print a line per spec result and a failure's details, no phases")
 	var focus multiFlag
 	fs.Var(&focus, "focus", "run only specs whose ID matches this regular expression (repeatable); the profiles it leaves incomplete are not certified")
 	budgets := conformance.DefaultBudgets
@@ -74,8 +79,11 @@ func run(args []string) error {
 	if cfg.Profiles, err = conformance.ParseProfiles(*profiles); err != nil {
 		return fmt.Errorf("--profiles: %w", err)
 	}
+	prog := newProgress(*quiet)
+	defer prog.Close()
+	cfg.Progress = prog.Update
 	if *verbose {
-		cfg.Logf = func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }
+		cfg.Logf = prog.Logf
 	}
 	var kt *kindTopologies
 	if *topology == "kind" {
@@ -96,7 +104,11 @@ func run(args []string) error {
 	}
 	t := &suiteT{}
 	var rep conformance.Report
-	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: os.Stdout, Focus: focus, Report: &rep, Topology: *topology})
+	// dpconform prints its own progress, each failure's timeline and the summary;
+	// Ginkgo's console reporter would write over the live line. (junit.xml is
+	// Ginkgo's still.)
+	formatter.ColorableStdOut = io.Discard
+	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: summaryAfter(prog, os.Stdout), Focus: focus, Report: &rep, Topology: *topology})
 	if err := rep.Certified(); err != nil {
 		return err
 	}
@@ -139,6 +151,71 @@ func (k *kindTopologies) Close() {
 			fmt.Fprintln(os.Stderr, "dpconform: remove the kind cluster:", err)
 		}
 	}
+}
+
+// newProgress prints progress to stderr: a live line on a terminal, a line per phase
+// otherwise, a line per result with --quiet; colours only on a terminal that takes
+// them (NO_COLOR unset, TERM not dumb).
+func newProgress(quiet bool) *conformance.ProgressPrinter {
+	fd := int(os.Stderr.Fd())
+	tty := term.IsTerminal(fd)
+	mode := conformance.ProgressLines
+	switch {
+	case quiet:
+		mode = conformance.ProgressQuiet
+	case tty:
+		mode = conformance.ProgressLive
+	}
+	color := tty && os.Getenv("NO_COLOR") == "" && os.Getenv("TERM") != "dumb"
+	p := conformance.NewProgressPrinter(os.Stderr, mode, color)
+	if w, _, err := term.GetSize(fd); err == nil && tty {
+		p.Width = w
+	}
+	return p
+}
+
+// summaryAfter is w, written once the progress printer has stopped and cleared its
+// live line.
+func summaryAfter(p *conformance.ProgressPrinter, w io.Writer) io.Writer {
+	return writerFunc(func(b []byte) (int, error) {
+		p.Close()
+		return w.Write(b)
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+func report(args []string) error {
+	fs := flag.NewFlagSet("report", flag.ExitOnError)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "usage: dpconform report DIR\n\nwrites DIR/report.yaml and DIR/report.html again from the run data a run saved in DIR\n(run.json and timelines/)\n")
+	}
+	fs.Parse(args)
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return errors.New("report needs the output directory of a run")
+	}
+	dir := fs.Arg(0)
+	rep, err := conformance.Rebuild(dir)
+	if err != nil {
+		return err
+	}
+	rep.PrintSummary(os.Stdout)
+	fmt.Printf("\nreport: %s\npage:   %s\n", filepath.Join(dir, conformance.YAMLFile), filepath.Join(dir, conformance.HTMLFile))
+	return nil
+}
+
+func specs(args []string) error {
+	fs := flag.NewFlagSet("specs", flag.ExitOnError)
+	markdown := fs.Bool("markdown", false, "write the catalogue as docs/specs.md has it (make docs)")
+	fs.Parse(args)
+	if *markdown {
+		return conformance.WriteCatalogue(os.Stdout)
+	}
+	listSpecs()
+	return nil
 }
 
 func listSpecs() {

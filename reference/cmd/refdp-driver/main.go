@@ -26,6 +26,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/dpconform/dpconform/bpf"
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/fv/driver/skel"
 	"github.com/dpconform/dpconform/internal/proc"
@@ -116,12 +117,50 @@ func info(context.Context) (driver.Info, error) {
 	return driver.Info{
 		Name:     "refdp",
 		Version:  version,
-		Profiles: []string{"Core", "ModeSwitch", "Policy", "Observability"},
+		Profiles: []string{"Core", "ModeSwitch", "Policy", "Upgrade", "Observability"},
 		Features: []string{"ClusterIP", "NodePort", "NodePortRemoteBackend", "TCP", "UDP", "NetworkPolicy", "PolicyVerdicts"},
 		CNI:      json.RawMessage(cniConfig),
 		// refdp has one mode, its default; a start may still name it.
 		Modes: []string{"ebpf"},
+		// Oldest first; the default is the last. They differ in the format of the
+		// conntrack map (refdp run --version).
+		Versions: versions(),
+		Settings: []string{settingCTSize},
 	}, nil
+}
+
+// settingCTSize is the setting `start --set ct-size=N`: the conntrack table's
+// capacity in entries (refdp run --conntrack-size).
+const settingCTSize = "ct-size"
+
+func versions() []string {
+	var out []string
+	for _, f := range bpf.ConntrackFormats {
+		out = append(out, f.String())
+	}
+	return out
+}
+
+// runArgs are the flags of `refdp run` that a start's options ask for.
+func runArgs(opts driver.StartOptions) ([]string, error) {
+	var argv []string
+	if opts.Version != "" {
+		if _, err := bpf.ParseConntrackFormat(opts.Version); err != nil {
+			return nil, skel.Fail("not offered", "--version %s: %w", opts.Version, err)
+		}
+		argv = append(argv, "--version", opts.Version)
+	}
+	for k, v := range opts.Set {
+		if k != settingCTSize {
+			return nil, skel.Fail("not offered", "--set %s: refdp has the setting %s only", k, settingCTSize)
+		}
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil || n == 0 || n > 1<<31 {
+			return nil, skel.Fail("bad setting", "--set %s=%s: want a number of entries from 1 to %d", k, v, 1<<31)
+		}
+		argv = append(argv, "--conntrack-size", strconv.FormatUint(n, 10))
+	}
+	return argv, nil
 }
 
 // env is the node environment of one call, as skel checked it.
@@ -181,15 +220,25 @@ func (e env) agentPID() int {
 	return pid
 }
 
-// start starts refdp on the node, or returns the PID of the one already running. Its
-// one mode is the default, so opts (which skel checked against info) change nothing.
-func start(ctx context.Context, n skel.Node, _ driver.StartOptions) (int, error) {
+// start starts refdp on the node, or returns the PID of the one already running, in
+// the version and with the conntrack size opts ask for (skel checked that info
+// offers them). Its one mode is the default, so a mode changes nothing.
+func start(ctx context.Context, n skel.Node, opts driver.StartOptions) (int, error) {
 	if onKind(n) {
+		// The DaemonSet runs the image's one refdp with its defaults: an upgrade
+		// there is a change of the pod template, which this driver does not make.
+		if opts.Version != "" || len(opts.Set) > 0 {
+			return 0, skel.Fail("not offered", "--version and --set are offered on a netns topology only, not on kind (the Upgrade profile runs on netns)")
+		}
 		return kindStart(ctx, n)
 	}
 	e := nodeEnv(n)
 	if pid := e.agentPID(); pid != 0 {
 		return pid, nil
+	}
+	variant, err := runArgs(opts)
+	if err != nil {
+		return 0, err
 	}
 	bin, err := agentBinary()
 	if err != nil {
@@ -200,6 +249,7 @@ func start(ctx context.Context, n skel.Node, _ driver.StartOptions) (int, error)
 		return 0, skel.Fail("bad environment", "DPC_REFDP_FAULTS: %w", err)
 	}
 	argv := []string{"run", "--node", e.Name, "--kubeconfig", e.Kubeconfig, "--bpffs", e.bpffs, "--state-dir", e.StateDir}
+	argv = append(argv, variant...)
 	for _, f := range fl.Names() {
 		argv = append(argv, "--fault", f)
 	}
@@ -268,13 +318,17 @@ func (e env) collect(dir string) []string {
 	if data, err := os.ReadFile(e.logFile()); err == nil {
 		save("refdp.log", data)
 	}
+	// Ready or not, the conntrack map in use, and what the start migrated.
+	if data, err := os.ReadFile(filepath.Join(e.StateDir, agent.StatusFile)); err == nil {
+		save(agent.StatusFile, data)
+	}
 	bin, _ := agentBinary()
 	for _, c := range []struct {
 		name string
 		argv []string
 	}{
 		{"maps.json", []string{bin, "dump", "--bpffs", e.bpffs}},
-		{"iptables.txt", []string{"iptables-save"}},
+		{"iptables.txt", []string{"iptables-save", "-c"}}, // with counters: which rule dropped what
 		{"addresses.txt", []string{"ip", "addr"}},
 		{"routes.txt", []string{"ip", "route"}},
 		{"tc.txt", []string{"bpftool", "net"}},

@@ -7,9 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/skel"
 	"github.com/dpconform/dpconform/internal/buildbin"
 )
 
@@ -37,6 +40,9 @@ func TestBadInput(t *testing.T) {
 		{"state dir not a directory", []string{"status"}, []string{"DPC_NODE=n", "DPC_KUBECONFIG=k", "DPC_STATE_DIR=" + notDir}, []string{"DPC_STATE_DIR", "not a directory"}},
 		{"missing netns", []string{"status"}, append(good, "DPC_NETNS=/nonexistent/netns"), []string{"DPC_NETNS=/nonexistent/netns"}},
 		{"unknown mode", []string{"start", "--mode", "iptables"}, good, []string{"not offered", `mode "iptables"`, "modes: ebpf"}},
+		{"unknown version", []string{"start", "--version", "v3"}, good, []string{"not offered", `version "v3"`, "versions: v1, v2"}},
+		{"unknown setting", []string{"start", "--set", "ct-max=5"}, good, []string{"not offered", `setting "ct-max"`, "settings: ct-size"}},
+		{"bad conntrack size", []string{"start", "--set", "ct-size=lots"}, append(good, "REFDP_BINARY=/bin/true"), []string{"bad setting", "ct-size=lots", "number of entries"}},
 		{"unknown fault", []string{"start"}, append(good, "DPC_REFDP_FAULTS=no-such-fault", "REFDP_BINARY=/bin/true"), []string{"DPC_REFDP_FAULTS", "no-such-fault", "known faults"}},
 		{"agent binary missing", []string{"start"}, good, []string{"refdp", "make build", "REFDP_BINARY"}},
 		{"collect without a directory", []string{"collect"}, good, []string{"--dir"}},
@@ -79,8 +85,56 @@ func TestInfo(t *testing.T) {
 		Name     string
 		Profiles []string
 		CNI      json.RawMessage
+		Versions []string
+		Settings []string
 	}
 	if err := json.Unmarshal(out, &info); err != nil || info.Name != "refdp" || len(info.Profiles) == 0 || !strings.Contains(string(info.CNI), "${POD_CIDR}") {
 		t.Fatalf("info: %s (%v)", out, err)
+	}
+	if !slices.Equal(info.Versions, []string{"v1", "v2"}) || !slices.Equal(info.Settings, []string{"ct-size"}) || !slices.Contains(info.Profiles, "Upgrade") {
+		t.Errorf("info offers versions %v and settings %v, profiles %v: want v1, v2 (oldest first), ct-size, and Upgrade", info.Versions, info.Settings, info.Profiles)
+	}
+}
+
+// TestRunArgs checks what `refdp run` is told for each start option.
+func TestRunArgs(t *testing.T) {
+	for _, tc := range []struct {
+		opts driver.StartOptions
+		want []string
+		err  string
+	}{
+		{driver.StartOptions{}, nil, ""},
+		{driver.StartOptions{Mode: "ebpf"}, nil, ""},
+		{driver.StartOptions{Version: "v1"}, []string{"--version", "v1"}, ""},
+		{driver.StartOptions{Version: "v2", Set: map[string]string{"ct-size": "131072"}}, []string{"--version", "v2", "--conntrack-size", "131072"}, ""},
+		{driver.StartOptions{Set: map[string]string{"ct-size": "0"}}, nil, "bad setting"},
+		{driver.StartOptions{Set: map[string]string{"ct-size": "4294967296"}}, nil, "bad setting"},
+		{driver.StartOptions{Version: "v0"}, nil, "not offered"},
+	} {
+		got, err := runArgs(tc.opts)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("%+v: %v, want an error %q", tc.opts, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("%+v: %v (%v), want %v", tc.opts, got, err, tc.want)
+		}
+	}
+}
+
+// TestStartOnKindRefusesVariants: the kind DaemonSet runs refdp with its defaults, so
+// a start that asks for a version or a setting there is refused before anything is
+// touched, not started as something else.
+func TestStartOnKindRefusesVariants(t *testing.T) {
+	n := skel.Node{Name: "node-a", Topology: "kind"}
+	for _, opts := range []driver.StartOptions{
+		{Version: "v2"},
+		{Set: map[string]string{"ct-size": "131072"}},
+	} {
+		if _, err := start(context.Background(), n, opts); err == nil || !strings.Contains(err.Error(), "not offered") {
+			t.Errorf("start on kind with %+v: %v, want a refusal naming \"not offered\"", opts, err)
+		}
 	}
 }

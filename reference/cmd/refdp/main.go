@@ -1,6 +1,12 @@
 // Command refdp is the reference dataplane's agent. It runs inside a node's network
 // namespace: `refdp run` programs the node until SIGTERM and leaves the datapath in
 // place; `refdp cleanup` removes it all; `refdp dump` prints the datapath's maps.
+//
+// One binary holds both versions of refdp, v1 and v2 (`run --version`), which differ
+// in the format of their conntrack map's values (v2 counts packets and bytes per
+// entry; bpf.ConntrackFormat). A start with another version or `--conntrack-size`
+// than the running datapath's migrates the conntrack map, in either direction: an
+// upgrade from v1 to v2, and a downgrade from v2 to v1 (which drops the counters).
 package main
 
 import (
@@ -22,7 +28,7 @@ import (
 )
 
 const usage = `usage:
-  refdp run --node NAME --kubeconfig PATH --bpffs DIR --state-dir DIR [--workload-interface-prefix P] [--fault NAME ...]
+  refdp run --node NAME --kubeconfig PATH --bpffs DIR --state-dir DIR [--version v1|v2] [--conntrack-size N] [--workload-interface-prefix P] [--fault NAME ...]
   refdp cleanup --bpffs DIR
   refdp dump --bpffs DIR
 `
@@ -64,6 +70,7 @@ func run(args []string) error {
 	var bpffs string
 	var fl multiFlag
 	var ctSize uint
+	var version string
 	fs.StringVar(&cfg.Node, "node", "", "name of this node's Node object")
 	fs.StringVar(&cfg.Kubeconfig, "kubeconfig", "", "kubeconfig for the API server")
 	fs.StringVar(&bpffs, "bpffs", "/sys/fs/bpf", "bpffs mount to pin under (refdp uses its refdp/ directory)")
@@ -71,7 +78,8 @@ func run(args []string) error {
 	fs.StringVar(&cfg.HostInterface, "host-interface", "eth0", "the node's interface to the network")
 	fs.StringVar(&cfg.WorkloadInterfacePrefix, "workload-interface-prefix", iptables.DefaultWorkloadPrefix,
 		"name prefix of pods' host-side interfaces (the ptp CNI plugin's is veth), and of no other interface of the node: the traffic of such an interface is dropped until its programs and policy are attached")
-	fs.UintVar(&ctSize, "conntrack-size", 0, "conntrack table capacity (0: default)")
+	fs.UintVar(&ctSize, "conntrack-size", 0, fmt.Sprintf("conntrack table capacity, in entries (two a flow); 0: %d", bpf.DefaultConntrackSize))
+	fs.StringVar(&version, "version", bpf.DefaultConntrackFormat.String(), "the version of refdp to run, which decides the format of its conntrack map: v1 or v2")
 	fs.Var(&fl, "fault", "reintroduce a known defect, for the suite's self-test (repeatable): "+strings.Join(faults.Known(), ", "))
 	fs.Parse(args)
 	var err error
@@ -82,6 +90,12 @@ func run(args []string) error {
 		if req.val == "" {
 			return fmt.Errorf("%s is required\n%s", req.name, usage)
 		}
+	}
+	if cfg.ConntrackFormat, err = bpf.ParseConntrackFormat(version); err != nil {
+		return fmt.Errorf("--version: %w", err)
+	}
+	if ctSize > 1<<31 {
+		return fmt.Errorf("--conntrack-size %d: at most %d entries", ctSize, 1<<31)
 	}
 	cfg.PinDir = pinDir(bpffs)
 	cfg.ConntrackSize = uint32(ctSize)
@@ -109,38 +123,12 @@ func dump(args []string) error {
 	fs := flag.NewFlagSet("dump", flag.ExitOnError)
 	bpffs := fs.String("bpffs", "/sys/fs/bpf", "bpffs mount refdp pinned under")
 	fs.Parse(args)
-	dp, err := bpf.Open(pinDir(*bpffs), bpf.Options{})
+	// Read-only: a dump must not change what it looks at.
+	out, err := bpf.Dump(pinDir(*bpffs))
 	if err != nil {
 		return err
 	}
-	defer dp.Close()
-	out := map[string]any{}
-	stringify := func(name string, all func() (map[string]string, error)) {
-		m, err := all()
-		if err != nil {
-			out[name] = "error: " + err.Error()
-			return
-		}
-		out[name] = m
-	}
-	stringify("frontends", func() (map[string]string, error) { return strs(dp.Frontends().All()) })
-	stringify("backends", func() (map[string]string, error) { return strs(dp.Backends().All()) })
-	stringify("conntrack", func() (map[string]string, error) { return strs(dp.Conntrack().All()) })
-	stringify("endpoints", func() (map[string]string, error) { return strs(dp.Endpoints().All()) })
-	stringify("ipsets", func() (map[string]string, error) { return strs(dp.IPSets().All()) })
-	stringify("policy", func() (map[string]string, error) { return strs(dp.Policy().All()) })
 	enc := json.NewEncoder(os.Stdout)
 	enc.SetIndent("", "  ")
 	return enc.Encode(out)
-}
-
-func strs[K comparable, V any](m map[K]V, err error) (map[string]string, error) {
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[string]string, len(m))
-	for k, v := range m {
-		out[fmt.Sprint(k)] = fmt.Sprintf("%+v", v)
-	}
-	return out, nil
 }
