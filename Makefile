@@ -18,7 +18,7 @@ CILIUM_PKGS := clang-19
 .PHONY: all deps deps-generate deps-kind deps-browser deps-cilium control-plane cni \
         kube-router cilium kind-node-binaries binaries build test lint lint-ci actionlint \
         bench conformance kind-image kind-conformance kind-cluster-conformance selftest \
-        peers-cilium generate docs cleanup clean
+        peers-cilium calico generate docs cleanup clean
 
 # The implementation `make conformance` runs against, and the profiles to run
 # (default: every profile it claims).
@@ -107,6 +107,13 @@ lint-ci: actionlint
 	$(ACTIONLINT) -shellcheck= -pyflakes= ci/github/*.yml
 	@if $(ACTIONLINT) -shellcheck= -pyflakes= ci/github/testdata/broken.yml >/dev/null; then \
 		echo "lint-ci: actionlint accepted ci/github/testdata/broken.yml, which has known defects"; exit 1; fi
+
+## calico: build Calico Felix (BPF mode), its BPF objects, CNI plugin and CRDs from a
+## Calico source tree, once per version (docs/calico.md); not part of `binaries`: its
+## source is not on the module proxy
+CALICO_SRC ?=
+calico:
+	@topologies/binaries/calico/build.sh "$(CALICO_SRC)"
 
 ## kind-image: build the kind node image offline once (README: the kind topology)
 kind-image: deps-kind control-plane kind-node-binaries

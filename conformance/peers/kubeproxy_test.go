@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 
 func TestPeers(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "the Core and ModeSwitch profiles against real kube-proxy")
+	RunSpecs(t, "the suite against real peers")
 }
 
 var (

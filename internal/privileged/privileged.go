@@ -54,3 +54,16 @@ func Ginkgo(skip func(string, ...int), fail func(string, ...int)) {
 		skip("SKIPPED PRIVILEGED TEST: " + why + "; run as root, or set " + EnvRequire + "=1 to make this a failure")
 	}
 }
+
+// SkipOptionalPeer skips the tests of an optional peer, one whose binaries the user
+// builds from a source the project cannot fetch (Calico: its releases are not on the
+// Go module proxy, docs/calico.md), when they were not given: loudly, on stderr as
+// well as in the skip, naming the variable that gives them (env) and how to build
+// them (how). It is the one skip DPC_REQUIRE_PRIVILEGED=1 accepts: what a fresh
+// machine cannot build is not hidden work. A test that cannot run for any other
+// reason (not root) still goes through Ginkgo or Require first.
+func SkipOptionalPeer(skip func(string, ...int), peer, env, how string) {
+	msg := fmt.Sprintf("OPTIONAL PEER NOT RUN: %s: %s is not set; %s", peer, env, how)
+	fmt.Fprintf(os.Stderr, "\n*** %s ***\n\n", msg)
+	skip(msg)
+}

@@ -1,0 +1,244 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/dpconform/dpconform/internal/proc"
+)
+
+// Felix hard-codes two paths outside the node's own /run and /sys/fs/bpf: it loads its
+// BPF programs from /usr/lib/calico/bpf (calico-node's image ships them there) and
+// keeps files that must outlive it in /var/lib/calico (the MTU it detected, the size
+// of its conntrack map). Inside the node (its own mount namespace, docs/driver.md) the
+// driver binds the build's objects and a directory of the node's state over them; the
+// host sees none of it.
+//
+// A bind needs its mount point, a directory on the host's file system. Where it is
+// missing the driver creates it, with a marker file in each directory it made, and the
+// node's cleanup removes those directories again once no Felix runs on the machine
+// (removing one while another node's mount is on it would take that mount away).
+
+// markerFile marks a directory the driver made as a mount point.
+const markerFile = ".dpconform-calico-driver"
+
+// bind is a directory bound over a path Felix hard-codes.
+type bind struct {
+	Target, Source string
+	ReadOnly       bool
+}
+
+func (f *felix) binds() []bind {
+	return []bind{
+		{Target: "/usr/lib/calico/bpf", Source: f.Build.ObjectDir(), ReadOnly: true},
+		{Target: "/var/lib/calico", Source: f.path("var-lib")},
+	}
+}
+
+// ensureBinds makes each bind that is not in place yet.
+func ensureBinds(binds []bind) error {
+	for _, b := range binds {
+		mounted, err := isMountPoint(b.Target)
+		if err != nil {
+			return err
+		}
+		if mounted {
+			continue
+		}
+		if err := mkdirMarked(b.Target); err != nil {
+			return fmt.Errorf("make the mount point %s: %w", b.Target, err)
+		}
+		if err := unix.Mount(b.Source, b.Target, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s over %s: %w", b.Source, b.Target, err)
+		}
+		if b.ReadOnly {
+			if err := unix.Mount("", b.Target, "", unix.MS_BIND|unix.MS_REMOUNT|unix.MS_RDONLY, ""); err != nil {
+				return fmt.Errorf("make %s read-only: %w", b.Target, err)
+			}
+		}
+	}
+	return nil
+}
+
+// removeBinds undoes ensureBinds in the node, and removes the mount points the driver
+// made once no Felix runs on the machine.
+func removeBinds(binds []bind) error {
+	var errs []error
+	for _, b := range binds {
+		for {
+			mounted, err := isMountPoint(b.Target)
+			if err != nil {
+				errs = append(errs, err)
+				break
+			}
+			if !mounted {
+				break
+			}
+			if err := unix.Unmount(b.Target, unix.MNT_DETACH); err != nil {
+				errs = append(errs, fmt.Errorf("unmount %s: %w", b.Target, err))
+				break
+			}
+		}
+	}
+	if felixRuns() {
+		return errors.Join(errs...)
+	}
+	for _, b := range binds {
+		errs = append(errs, removeMarked(b.Target))
+	}
+	return errors.Join(errs...)
+}
+
+// mkdirMarked creates dir and its missing parents, each with a marker file.
+func mkdirMarked(dir string) error {
+	var missing []string
+	for d := dir; ; d = filepath.Dir(d) {
+		if _, err := os.Stat(d); err == nil {
+			break
+		} else if !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		missing = append(missing, d)
+	}
+	for i := len(missing) - 1; i >= 0; i-- {
+		if err := os.Mkdir(missing[i], 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(missing[i], markerFile), nil, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeMarked removes dir and its parents as long as each holds nothing but the
+// marker file: those the driver made and nothing else uses.
+func removeMarked(dir string) error {
+	for d := dir; d != "/"; d = filepath.Dir(d) {
+		entries, err := os.ReadDir(d)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if len(entries) != 1 || entries[0].Name() != markerFile {
+			return nil
+		}
+		if err := os.Remove(filepath.Join(d, markerFile)); err != nil {
+			return err
+		}
+		if err := os.Remove(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// isMountPoint reports whether something is mounted on path in this mount namespace.
+func isMountPoint(path string) (bool, error) {
+	mounts, err := readMounts()
+	if err != nil {
+		return false, err
+	}
+	return slices.ContainsFunc(mounts, func(m mount) bool { return m.Point == path }), nil
+}
+
+// mount is a line of /proc/self/mountinfo.
+type mount struct {
+	Point, FSType string
+}
+
+// readMounts are the mounts of this mount namespace, in mount order.
+func readMounts() ([]mount, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	return parseMountinfo(data), nil
+}
+
+// parseMountinfo reads mountinfo lines: "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 -
+// ext3 /dev/root rw,errors=continue" (proc(5)): the mount point is the fifth field,
+// the file system type the first after the "-".
+func parseMountinfo(data []byte) []mount {
+	var out []mount
+	sc := bufio.NewScanner(bytes.NewReader(data))
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		sep := slices.Index(f, "-")
+		if len(f) < 5 || sep < 5 || sep+1 >= len(f) {
+			continue
+		}
+		out = append(out, mount{Point: unescapeMountinfo(f[4]), FSType: f[sep+1]})
+	}
+	return out
+}
+
+// cgroup2Dir is where this mount namespace sees the cgroup v2 hierarchy: inside a node,
+// whose cgroup namespace is rooted at the node's cgroup, that is the node's cgroup.
+func cgroup2Dir() (string, error) {
+	mounts, err := readMounts()
+	if err != nil {
+		return "", err
+	}
+	for _, m := range mounts {
+		if m.FSType == "cgroup2" {
+			return m.Point, nil
+		}
+	}
+	return "", errors.New("no cgroup v2 hierarchy is mounted")
+}
+
+// unescapeMountinfo undoes the octal escapes (\040 for a space) of mountinfo paths.
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(v))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// felixRuns reports whether any calico-felix process runs on the machine.
+func felixRuns() bool {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return true // cannot tell: keep the mount points
+	}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		argv0, _, _ := bytes.Cut(procCmdline(pid), []byte{0})
+		if filepath.Base(string(argv0)) == "calico-felix" && proc.Alive(pid) {
+			return true
+		}
+	}
+	return false
+}
+
+func procCmdline(pid int) []byte {
+	data, _ := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
+	return data
+}
