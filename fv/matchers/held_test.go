@@ -68,8 +68,8 @@ func TestHaveAllHeldAlive(t *testing.T) {
 		verdict: matchers.Violation, kind: matchers.KindReset, figure: "held_lost", figureVal: 5,
 		contains: []string{
 			"lost 5 of 2251 connections held from their opening to the end: 5 reset",
-			"First violation: probe ext, opened +40.0 ms after start-sent (260.0 ms before ready)",
-			"held connection #871 to 10.0.0.1:80: LOST, checked after 3761.0 ms: RESET",
+			"First violation: probe ext, opened 40.0 ms after start-sent (260.0 ms before ready)",
+			"held connection #871 to 10.0.0.1:80: LOST, checked after 3.761 s: RESET",
 			"Timeline around the opening of the first", "ext #871..#875 RESET when checked (5)",
 		},
 	}, {

@@ -80,7 +80,7 @@ func TestAgentFuncs(t *testing.T) {
 		wantCalls []string
 	}{
 		{name: "start", args: []string{"start", "--mode", "m1"}, want: `{"pid":42}`,
-			wantCalls: []string{"for node-a start=&{Mode:m1 Version: Set:map[]}", "start deadline=true"}},
+			wantCalls: []string{"for node-a start=start --mode m1", "start deadline=true"}},
 		{name: "status", args: []string{"status"}, agent: fakeAgent{status: driver.Status{Running: true, Ready: true}}, want: `{"running":true,"ready":true}`,
 			wantCalls: []string{"for node-a start=<nil>", "status deadline=true"}},
 		{name: "stop", args: []string{"stop"}, want: `{}`, wantCalls: []string{"for node-a start=<nil>", "stop deadline=true"}},
