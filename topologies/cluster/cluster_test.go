@@ -23,8 +23,8 @@ import (
 // The tests against a real cluster need one: DPC_CLUSTER_KUBECONFIG names its
 // kubeconfig, and DPC_CLUSTER_DPCONFORM the dpconform binary whose image
 // (dpconform.local/probe:<digest>) the nodes have, as a kind run loads it. `make
-// kind-conformance` runs them on its kind cluster, before the Core run through this
-// topology.
+// kind-cluster-conformance` runs them on its kind cluster, after the Core run through
+// the kind topology and before the one through this topology.
 const (
 	envKubeconfig = "DPC_CLUSTER_KUBECONFIG"
 	envDpconform  = "DPC_CLUSTER_DPCONFORM"
@@ -47,8 +47,8 @@ func needCluster(t *testing.T) Options {
 	kc, bin := os.Getenv(envKubeconfig), os.Getenv(envDpconform)
 	if kc == "" || bin == "" {
 		// Not a privilege a DPC_REQUIRE_PRIVILEGED run lacks: a cluster, which `make
-		// kind-conformance` brings and then runs this test binary on.
-		t.Skipf("SKIPPED LOUDLY: no cluster to test on: set %s (a kubeconfig) and %s (the dpconform binary whose probe image the nodes have); `make kind-conformance` does", envKubeconfig, envDpconform)
+		// kind-cluster-conformance` brings and then runs this test binary on.
+		t.Skipf("SKIPPED LOUDLY: no cluster to test on: set %s (a kubeconfig) and %s (the dpconform binary whose probe image the nodes have); `make kind-cluster-conformance` does", envKubeconfig, envDpconform)
 	}
 	return Options{Kubeconfig: kc, ProbeBinary: bin, ExternalAddress: testExternal, Logf: t.Logf}
 }

@@ -76,7 +76,9 @@ func run(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	d, err := driver.NewExec(*drv, driver.DefaultTimeouts, env...)
+	// Every call, info too, is told the topology: a driver may offer different things
+	// on each (docs/driver.md). A node's own environment says it again.
+	d, err := driver.NewExec(*drv, driver.DefaultTimeouts, append(env, "DPC_TOPOLOGY="+*topology)...)
 	if err != nil {
 		return err
 	}

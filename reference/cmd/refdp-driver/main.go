@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -132,8 +133,15 @@ func main() {
 	})
 }
 
+// info says what refdp offers on the topology of the run (DPC_TOPOLOGY, which the
+// suite sets for info too). On a cluster (kind or an existing one) refdp runs as a
+// DaemonSet of one image with its defaults: an upgrade there would be a change of the
+// pod template, which this driver does not make, so no version, setting or Upgrade
+// profile is offered there and the suite runs no spec that needs one. On an existing
+// cluster the policy verdicts are in each node's bpffs, which the driver cannot read
+// through the API, so it claims no verdicts there either.
 func info(context.Context) (driver.Info, error) {
-	return driver.Info{
+	i := driver.Info{
 		Name:     "refdp",
 		Version:  version,
 		Profiles: []string{"Core", "ModeSwitch", "Policy", "Upgrade", "Observability"},
@@ -145,7 +153,18 @@ func info(context.Context) (driver.Info, error) {
 		// conntrack map (refdp run --version).
 		Versions: versions(),
 		Settings: []string{settingCTSize},
-	}, nil
+	}
+	switch topology := os.Getenv("DPC_TOPOLOGY"); topology {
+	case "kind", "cluster":
+		i.Versions, i.Settings = nil, nil
+		i.Profiles = slices.DeleteFunc(i.Profiles, func(p string) bool {
+			return p == "Upgrade" || (topology == "cluster" && p == "Observability")
+		})
+		if topology == "cluster" {
+			i.Features = slices.DeleteFunc(i.Features, func(f string) bool { return f == "PolicyVerdicts" })
+		}
+	}
+	return i, nil
 }
 
 // settingCTSize is the setting `start --set ct-size=N`: the conntrack table's
@@ -243,19 +262,12 @@ func (e env) agentPID() int {
 // the version and with the conntrack size opts ask for (skel checked that info
 // offers them). Its one mode is the default, so a mode changes nothing.
 func start(ctx context.Context, n skel.Node, opts driver.StartOptions) (int, error) {
+	// skel refused what info does not offer on this topology: on kind and on a
+	// cluster, any version or setting.
 	if onCluster(n) {
-		// As on kind: the DaemonSet runs the image's one refdp with its defaults.
-		if opts.Version != "" || len(opts.Set) > 0 {
-			return 0, skel.Fail("not offered", "--version and --set are offered on a netns topology only, not on a cluster (the Upgrade profile runs on netns)")
-		}
 		return clusterStart(ctx, n)
 	}
 	if onKind(n) {
-		// The DaemonSet runs the image's one refdp with its defaults: an upgrade
-		// there is a change of the pod template, which this driver does not make.
-		if opts.Version != "" || len(opts.Set) > 0 {
-			return 0, skel.Fail("not offered", "--version and --set are offered on a netns topology only, not on kind (the Upgrade profile runs on netns)")
-		}
 		return kindStart(ctx, n)
 	}
 	e := nodeEnv(n)

@@ -12,7 +12,6 @@ import (
 	"testing"
 
 	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/fv/driver/skel"
 	"github.com/dpconform/dpconform/internal/buildbin"
 )
 
@@ -42,6 +41,11 @@ func TestBadInput(t *testing.T) {
 		{"unknown mode", []string{"start", "--mode", "iptables"}, good, []string{"not offered", `mode "iptables"`, "modes: ebpf"}},
 		{"unknown version", []string{"start", "--version", "v3"}, good, []string{"not offered", `version "v3"`, "versions: v1, v2"}},
 		{"unknown setting", []string{"start", "--set", "ct-max=5"}, good, []string{"not offered", `setting "ct-max"`, "settings: ct-size"}},
+		// On kind and on a cluster the DaemonSet runs refdp's defaults: info offers no
+		// version or setting there, so a start that asks for one is refused before
+		// anything is touched, not started as something else.
+		{"a version on kind", []string{"start", "--version", "v2"}, append(good, "DPC_TOPOLOGY=kind"), []string{"not offered", `version "v2"`, "no versions"}},
+		{"a setting on a cluster", []string{"start", "--set", "ct-size=131072"}, append(good, "DPC_TOPOLOGY=cluster"), []string{"not offered", `setting "ct-size"`, "no settings"}},
 		{"bad conntrack size", []string{"start", "--set", "ct-size=lots"}, append(good, "REFDP_BINARY=/bin/true"), []string{"bad setting", "ct-size=lots", "number of entries"}},
 		{"unknown fault", []string{"start"}, append(good, "DPC_REFDP_FAULTS=no-such-fault", "REFDP_BINARY=/bin/true"), []string{"DPC_REFDP_FAULTS", "no-such-fault", "known faults"}},
 		{"agent binary missing", []string{"start"}, good, []string{"refdp", "make build", "REFDP_BINARY"}},
@@ -71,28 +75,45 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// TestInfo checks that info answers without any environment.
+// TestInfo checks that info answers without any environment, and that it offers on
+// each topology what the driver can start there (DPC_TOPOLOGY, which the suite gives
+// info too).
 func TestInfo(t *testing.T) {
 	bins, err := buildbin.Build(context.Background(), t.TempDir(), "reference/cmd/refdp-driver")
 	if err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(bins["refdp-driver"], "info").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var info struct {
-		Name     string
-		Profiles []string
-		CNI      json.RawMessage
-		Versions []string
-		Settings []string
-	}
-	if err := json.Unmarshal(out, &info); err != nil || info.Name != "refdp" || len(info.Profiles) == 0 || !strings.Contains(string(info.CNI), "${POD_CIDR}") {
-		t.Fatalf("info: %s (%v)", out, err)
-	}
-	if !slices.Equal(info.Versions, []string{"v1", "v2"}) || !slices.Equal(info.Settings, []string{"ct-size"}) || !slices.Contains(info.Profiles, "Upgrade") {
-		t.Errorf("info offers versions %v and settings %v, profiles %v: want v1, v2 (oldest first), ct-size, and Upgrade", info.Versions, info.Settings, info.Profiles)
+	for _, tc := range []struct {
+		topology           string
+		versions, settings []string
+		profiles           []string
+		verdicts           bool
+	}{
+		{"", []string{"v1", "v2"}, []string{"ct-size"}, []string{"Core", "ModeSwitch", "Policy", "Upgrade", "Observability"}, true},
+		{"netns", []string{"v1", "v2"}, []string{"ct-size"}, []string{"Core", "ModeSwitch", "Policy", "Upgrade", "Observability"}, true},
+		{"kind", nil, nil, []string{"Core", "ModeSwitch", "Policy", "Observability"}, true},
+		{"cluster", nil, nil, []string{"Core", "ModeSwitch", "Policy"}, false},
+	} {
+		t.Run("DPC_TOPOLOGY="+tc.topology, func(t *testing.T) {
+			cmd := exec.Command(bins["refdp-driver"], "info")
+			if tc.topology != "" {
+				cmd.Env = []string{"DPC_TOPOLOGY=" + tc.topology}
+			}
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var info driver.Info
+			if err := json.Unmarshal(out, &info); err != nil || info.Name != "refdp" || !strings.Contains(string(info.CNI), "${POD_CIDR}") {
+				t.Fatalf("info: %s (%v)", out, err)
+			}
+			if !slices.Equal(info.Versions, tc.versions) || !slices.Equal(info.Settings, tc.settings) || !slices.Equal(info.Profiles, tc.profiles) {
+				t.Errorf("info offers versions %v, settings %v, profiles %v: want %v (oldest first), %v, %v", info.Versions, info.Settings, info.Profiles, tc.versions, tc.settings, tc.profiles)
+			}
+			if got := info.HasFeature("PolicyVerdicts"); got != tc.verdicts {
+				t.Errorf("info claims PolicyVerdicts: %v, want %v", got, tc.verdicts)
+			}
+		})
 	}
 }
 
@@ -120,21 +141,6 @@ func TestRunArgs(t *testing.T) {
 		}
 		if err != nil || !slices.Equal(got, tc.want) {
 			t.Errorf("%+v: %v (%v), want %v", tc.opts, got, err, tc.want)
-		}
-	}
-}
-
-// TestStartOnKindRefusesVariants: the kind DaemonSet runs refdp with its defaults, so
-// a start that asks for a version or a setting there is refused before anything is
-// touched, not started as something else.
-func TestStartOnKindRefusesVariants(t *testing.T) {
-	n := skel.Node{Name: "node-a", Topology: "kind"}
-	for _, opts := range []driver.StartOptions{
-		{Version: "v2"},
-		{Set: map[string]string{"ct-size": "131072"}},
-	} {
-		if _, err := start(context.Background(), n, opts); err == nil || !strings.Contains(err.Error(), "not offered") {
-			t.Errorf("start on kind with %+v: %v, want a refusal naming \"not offered\"", opts, err)
 		}
 	}
 }
