@@ -13,10 +13,9 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dpconform/dpconform/conformance"
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
-	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
 )
 
@@ -91,9 +90,7 @@ var _ = Describe("Calico", Ordered, func() {
 
 	var calicoDriver string
 	BeforeAll(func(ctx SpecContext) {
-		bins, err := buildbin.Build(ctx, GinkgoT().TempDir(), "conformance/cmd/calico-driver")
-		Expect(err).NotTo(HaveOccurred())
-		calicoDriver = bins["calico-driver"]
+		calicoDriver = drivertest.Build(ctx, "conformance/cmd/calico-driver")
 	}, NodeTimeout(5*time.Minute))
 
 	for _, b := range builds {
@@ -106,8 +103,7 @@ var _ = Describe("Calico", Ordered, func() {
 				Expect(i).NotTo(Equal(-1), "no spec %s", id)
 				s := conformance.Specs()[i]
 
-				d, err := driver.NewExec(calicoDriver, driver.DefaultTimeouts, envCalicoDirs+"="+b.Dir)
-				Expect(err).NotTo(HaveOccurred())
+				d := drivertest.NewExec(calicoDriver, envCalicoDirs+"="+b.Dir)
 				prog, err := probe.Self()
 				Expect(err).NotTo(HaveOccurred())
 				r, err := conformance.NewRunner(ctx, conformance.Config{

@@ -10,10 +10,9 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/dpconform/dpconform/conformance"
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
-	"github.com/dpconform/dpconform/internal/buildbin"
 )
 
 // knownCilium lists the documented Cilium behaviours a Core spec may fail on, by the
@@ -45,9 +44,7 @@ var _ = Describe("cilium", Ordered, ContinueOnFailure, func() {
 		if os.Getenv(EnvPeersCilium) != "1" {
 			Skip("Cilium's Core run is opt-in: " + EnvPeersCilium + "=1 (make peers-cilium); docs/cilium.md says why it is not in make test")
 		}
-		bins, err := buildbin.Build(ctx, GinkgoT().TempDir(), "conformance/cmd/cilium-driver")
-		Expect(err).NotTo(HaveOccurred())
-		ciliumDriver = bins["cilium-driver"]
+		ciliumDriver = drivertest.Build(ctx, "conformance/cmd/cilium-driver")
 	}, NodeTimeout(5*time.Minute))
 
 	for _, s := range conformance.Specs() {
@@ -55,8 +52,7 @@ var _ = Describe("cilium", Ordered, ContinueOnFailure, func() {
 			continue
 		}
 		It("passes "+s.ID, func(ctx SpecContext) {
-			d, err := driver.NewExec(ciliumDriver, driver.DefaultTimeouts)
-			Expect(err).NotTo(HaveOccurred())
+			d := drivertest.NewExec(ciliumDriver)
 			prog, err := probe.Self()
 			Expect(err).NotTo(HaveOccurred())
 			// SVC-SNAT-PRESSURE's churn at 15 s, as for kube-proxy and in the

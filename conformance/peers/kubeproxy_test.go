@@ -15,10 +15,9 @@ import (
 
 	"github.com/dpconform/dpconform/conformance"
 	_ "github.com/dpconform/dpconform/conformance/specs"
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
-	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
@@ -42,9 +41,7 @@ var (
 
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
-	bins, err := buildbin.Build(ctx, GinkgoT().TempDir(), "conformance/cmd/kube-proxy-driver")
-	Expect(err).NotTo(HaveOccurred())
-	kubeProxyDriver = bins["kube-proxy-driver"]
+	kubeProxyDriver = drivertest.Build(ctx, "conformance/cmd/kube-proxy-driver")
 	controlPlanes = netns.NewControlPlanes("", func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) })
 	DeferCleanup(func() { Expect(controlPlanes.Close()).To(Succeed()) })
 }, NodeTimeout(5*time.Minute))
@@ -100,8 +97,7 @@ var _ = Describe("kube-proxy", func() {
 				continue
 			}
 			It("in "+mode+" mode passes "+s.ID, func(ctx SpecContext) {
-				d, err := driver.NewExec(kubeProxyDriver, driver.DefaultTimeouts, "DPC_KUBE_PROXY_MODE="+mode)
-				Expect(err).NotTo(HaveOccurred())
+				d := drivertest.NewExec(kubeProxyDriver, "DPC_KUBE_PROXY_MODE="+mode)
 				prog, err := probe.Self()
 				Expect(err).NotTo(HaveOccurred())
 				// SVC-SNAT-PRESSURE's churn at 15 s, as in the self-test: to keep make test

@@ -9,10 +9,9 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/dpconform/dpconform/conformance"
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
-	"github.com/dpconform/dpconform/internal/buildbin"
 )
 
 // knownKubeRouter lists the documented kube-router behaviours a Policy spec may fail
@@ -33,9 +32,7 @@ var knownKubeRouter = map[string][]conformance.FailureKind{
 var _ = Describe("kube-router", Ordered, func() {
 	var kubeRouterDriver string
 	BeforeAll(func(ctx SpecContext) {
-		bins, err := buildbin.Build(ctx, GinkgoT().TempDir(), "conformance/cmd/kube-router-driver")
-		Expect(err).NotTo(HaveOccurred())
-		kubeRouterDriver = bins["kube-router-driver"]
+		kubeRouterDriver = drivertest.Build(ctx, "conformance/cmd/kube-router-driver")
 	}, NodeTimeout(5*time.Minute))
 
 	for _, s := range conformance.Specs() {
@@ -43,8 +40,7 @@ var _ = Describe("kube-router", Ordered, func() {
 			continue
 		}
 		It("passes "+s.ID, func(ctx SpecContext) {
-			d, err := driver.NewExec(kubeRouterDriver, driver.DefaultTimeouts)
-			Expect(err).NotTo(HaveOccurred())
+			d := drivertest.NewExec(kubeRouterDriver)
 			prog, err := probe.Self()
 			Expect(err).NotTo(HaveOccurred())
 			r, err := conformance.NewRunner(ctx, conformance.Config{

@@ -12,6 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/driver/skel"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
@@ -226,17 +227,8 @@ func TestInfo(t *testing.T) {
 }
 
 func TestRefusals(t *testing.T) {
-	state := t.TempDir()
-	nsFile := filepath.Join(state, "netns")
-	kubeconfig := filepath.Join(state, "kubeconfig")
-	for _, f := range []string{nsFile, kubeconfig} {
-		if err := os.WriteFile(f, nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	good := func() map[string]string {
-		return map[string]string{"DPC_NODE": "node-a", "DPC_NETNS": nsFile, "DPC_KUBECONFIG": kubeconfig, "DPC_STATE_DIR": state, "DPC_TOPOLOGY": "netns"}
-	}
+	env := drivertest.NodeEnv(t)
+	good := func() map[string]string { return envMap(env) }
 	build := fakeBuild(t, goodBuildInfo)
 	for _, c := range []struct {
 		name       string

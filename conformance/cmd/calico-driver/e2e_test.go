@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/workloads"
@@ -18,15 +19,18 @@ import (
 	"github.com/dpconform/dpconform/topologies/netns"
 )
 
-// nodeEnv is a node's driver environment as a map.
-func nodeEnv(n topologies.Node) map[string]string {
+// envMap is a driver environment, KEY=value strings, as a map.
+func envMap(kvs []string) map[string]string {
 	env := map[string]string{}
-	for _, kv := range n.DriverEnv() {
+	for _, kv := range kvs {
 		k, v, _ := strings.Cut(kv, "=")
 		env[k] = v
 	}
 	return env
 }
+
+// nodeEnv is a node's driver environment as a map.
+func nodeEnv(n topologies.Node) map[string]string { return envMap(n.DriverEnv()) }
 
 // programmedOn is what of Calico's is on node n, seen from outside it. The node's
 // cgroup is <cgroup2>/dpconform/<run>/<node> (docs/driver.md, Where a call runs).
@@ -61,7 +65,7 @@ var _ = Describe("Calico Felix through its driver", Ordered, ContinueOnFailure, 
 				}
 			}
 		}
-		drv := newDriver()
+		drv := drivertest.NewExec(driverPath)
 		info, err := drv.Info(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		topo, err = netns.New(ctx, netns.Options{CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) }})
@@ -91,7 +95,7 @@ var _ = Describe("Calico Felix through its driver", Ordered, ContinueOnFailure, 
 		if !CurrentSpecReport().Failed() || w == nil {
 			return
 		}
-		dir := filepath.Join(artifactsDir(), strings.NewReplacer(" ", "_", "/", "_").Replace(CurrentSpecReport().FullText()))
+		dir := filepath.Join(drivertest.ArtifactsDir("calico-driver"), strings.NewReplacer(" ", "_", "/", "_").Replace(CurrentSpecReport().FullText()))
 		files, err := w.Collect(ctx, dir)
 		AddReportEntry("diagnostics", fmt.Sprintf("%d files in %s (collect error: %v)", len(files), dir, err))
 	}, NodeTimeout(time.Minute))

@@ -2,15 +2,13 @@ package main
 
 import (
 	"os"
-	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/privileged"
 )
@@ -31,25 +29,5 @@ var driverPath string
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
 	Expect(newAgent(Dir(), Clang(), skelNode()).checkInstall()).To(Succeed(), "Cilium: run `make cilium`, or set %s and %s", EnvDir, EnvClang)
-	driverPath = filepath.Join(GinkgoT().TempDir(), "cilium-driver")
-	cmd := exec.CommandContext(ctx, "go", "build", "-o", driverPath, "github.com/dpconform/dpconform/conformance/cmd/cilium-driver")
-	out, err := cmd.CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), "go build cilium-driver: %s", out)
+	driverPath = drivertest.Build(ctx, "conformance/cmd/cilium-driver")
 }, NodeTimeout(5*time.Minute))
-
-// newDriver returns the driver adapter.
-func newDriver() driver.Driver {
-	GinkgoHelper()
-	d, err := driver.NewExec(driverPath, driver.DefaultTimeouts)
-	Expect(err).NotTo(HaveOccurred())
-	return d
-}
-
-// artifactsDir is where failed specs leave diagnostics: DPC_ARTIFACTS, or
-// _output/cilium-driver under the repository root.
-func artifactsDir() string {
-	if d := os.Getenv("DPC_ARTIFACTS"); d != "" {
-		return d
-	}
-	return filepath.Join("..", "..", "..", "_output", "cilium-driver")
-}

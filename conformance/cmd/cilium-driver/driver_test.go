@@ -16,6 +16,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/driver/skel"
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/matchers"
@@ -26,43 +27,16 @@ import (
 	"github.com/dpconform/dpconform/topologies/netns"
 )
 
-// callDriver runs the driver executable once with exactly env (plus PATH) and returns
-// its exit code and decoded stdout.
-func callDriver(env []string, args ...string) (int, map[string]any) {
-	GinkgoHelper()
-	cmd := exec.Command(driverPath, args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
-	var stdout bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, GinkgoWriter
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else {
-		Expect(err).NotTo(HaveOccurred())
-	}
-	var out map[string]any
-	Expect(json.Unmarshal(stdout.Bytes(), &out)).To(Succeed(), "stdout is not one JSON object: %q", stdout.String())
-	return code, out
-}
-
 // skelNode is a node environment for what needs one but no node.
 func skelNode() skel.Node { return skel.Node{Name: "none"} }
 
 var _ = Describe("the driver's facts and refusals", func() {
 	// A well-formed node environment, pointing at files that exist but are no node.
 	var good []string
-	BeforeEach(func() {
-		dir := GinkgoT().TempDir()
-		nsFile := filepath.Join(dir, "netns")
-		kubeconfig := filepath.Join(dir, "kubeconfig")
-		Expect(os.WriteFile(nsFile, nil, 0o644)).To(Succeed())
-		Expect(os.WriteFile(kubeconfig, nil, 0o644)).To(Succeed())
-		good = []string{"DPC_NODE=node-a", "DPC_NETNS=" + nsFile, "DPC_KUBECONFIG=" + kubeconfig, "DPC_STATE_DIR=" + dir, "DPC_BPFFS=" + dir, "DPC_TOPOLOGY=netns"}
-	})
+	BeforeEach(func() { good = drivertest.NodeEnv(GinkgoT(), "DPC_BPFFS") })
 
 	It("claims the Core profile with Cilium's own CNI plugin", func() {
-		code, out := callDriver(nil, "info")
+		code, out := drivertest.Call(driverPath, nil, "info")
 		Expect(code).To(Equal(0))
 		Expect(out).To(HaveKeyWithValue("name", "cilium"))
 		Expect(out).To(HaveKeyWithValue("version", Version))
@@ -76,7 +50,7 @@ var _ = Describe("the driver's facts and refusals", func() {
 
 	DescribeTable("refuses what cannot work, with the fix in the detail",
 		func(env func() []string, args []string, wantErr string, wantDetail ...string) {
-			code, out := callDriver(env(), args...)
+			code, out := drivertest.Call(driverPath, env(), args...)
 			Expect(code).NotTo(Equal(0))
 			Expect(out).To(HaveKeyWithValue("error", wantErr))
 			for _, d := range wantDetail {
@@ -184,7 +158,7 @@ var _ = Describe("Cilium through its driver", Ordered, ContinueOnFailure, func()
 
 	BeforeAll(func(ctx SpecContext) {
 		before = hostState(ctx)
-		drv := newDriver()
+		drv := drivertest.NewExec(driverPath)
 		info, err := drv.Info(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		topo, err = netns.New(ctx, netns.Options{CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) }})
@@ -214,7 +188,7 @@ var _ = Describe("Cilium through its driver", Ordered, ContinueOnFailure, func()
 		if !CurrentSpecReport().Failed() {
 			return
 		}
-		dir := filepath.Join(artifactsDir(), strings.NewReplacer(" ", "_", "/", "_").Replace(CurrentSpecReport().FullText()))
+		dir := filepath.Join(drivertest.ArtifactsDir("cilium-driver"), strings.NewReplacer(" ", "_", "/", "_").Replace(CurrentSpecReport().FullText()))
 		files, err := w.Collect(ctx, dir)
 		AddReportEntry("diagnostics", fmt.Sprintf("%d files in %s (collect error: %v)", len(files), dir, err))
 	}, NodeTimeout(time.Minute))

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -16,6 +14,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/kubeproxy"
 	"github.com/dpconform/dpconform/fv/matchers"
@@ -34,37 +33,10 @@ type target struct {
 	backend string
 }
 
-// callDriver runs the driver executable once with exactly env (plus PATH) and returns
-// its exit code and decoded stdout.
-func callDriver(env []string, args ...string) (int, map[string]any) {
-	GinkgoHelper()
-	cmd := exec.Command(driverPath, args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
-	var stdout bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, GinkgoWriter
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else {
-		Expect(err).NotTo(HaveOccurred())
-	}
-	var out map[string]any
-	Expect(json.Unmarshal(stdout.Bytes(), &out)).To(Succeed(), "stdout is not one JSON object: %q", stdout.String())
-	return code, out
-}
-
 var _ = Describe("the driver's arguments and environment", func() {
 	// A well-formed node environment, pointing at files that exist but are no node.
 	var good []string
-	BeforeEach(func() {
-		dir := GinkgoT().TempDir()
-		nsFile := filepath.Join(dir, "netns")
-		kubeconfig := filepath.Join(dir, "kubeconfig")
-		Expect(os.WriteFile(nsFile, nil, 0o644)).To(Succeed())
-		Expect(os.WriteFile(kubeconfig, nil, 0o644)).To(Succeed())
-		good = []string{"DPC_NODE=node-a", "DPC_NETNS=" + nsFile, "DPC_KUBECONFIG=" + kubeconfig, "DPC_STATE_DIR=" + dir, "DPC_TOPOLOGY=netns"}
-	})
+	BeforeEach(func() { good = drivertest.NodeEnv(GinkgoT()) })
 	with := func(env []string, kv ...string) []string {
 		out := env
 		for _, s := range kv {
@@ -75,7 +47,7 @@ var _ = Describe("the driver's arguments and environment", func() {
 	}
 
 	It("answers info with kube-proxy's facts and the ptp CNI configuration", func() {
-		code, out := callDriver(nil, "info")
+		code, out := drivertest.Call(driverPath, nil, "info")
 		Expect(code).To(Equal(0))
 		Expect(out).To(HaveKeyWithValue("name", "kube-proxy"))
 		Expect(out).To(HaveKeyWithValue("version", "v1.37.2"))
@@ -85,14 +57,14 @@ var _ = Describe("the driver's arguments and environment", func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(string(cni)).To(And(ContainSubstring(`"type":"ptp"`), ContainSubstring("${POD_CIDR}"), ContainSubstring("${CNI_DATA_DIR}/ipam")))
 
-		code, out = callDriver([]string{EnvMode + "=nftables"}, "info")
+		code, out = drivertest.Call(driverPath, []string{EnvMode + "=nftables"}, "info")
 		Expect(code).To(Equal(0))
 		Expect(out).To(HaveKeyWithValue("profiles", ConsistOf("Core", "ModeSwitch")), "in nftables mode kube-proxy is what a node switches to")
 	})
 
 	DescribeTable("refuses what cannot work, with the fix in the detail",
 		func(env func() []string, args []string, wantErr string, wantDetail ...string) {
-			code, out := callDriver(env(), args...)
+			code, out := drivertest.Call(driverPath, env(), args...)
 			Expect(code).NotTo(Equal(0))
 			Expect(out).To(HaveKeyWithValue("error", wantErr))
 			for _, d := range wantDetail {
@@ -170,7 +142,7 @@ var _ = Describe("kube-proxy through its driver", func() {
 			)
 
 			BeforeAll(func(ctx SpecContext) {
-				drv := newDriver(EnvMode + "=" + string(mode))
+				drv := drivertest.NewExec(driverPath, EnvMode+"="+string(mode))
 				info, err := drv.Info(ctx)
 				Expect(err).NotTo(HaveOccurred())
 				topo, err = netns.New(ctx, netns.Options{CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) }})
@@ -199,7 +171,7 @@ var _ = Describe("kube-proxy through its driver", func() {
 				if !CurrentSpecReport().Failed() {
 					return
 				}
-				dir := filepath.Join(artifactsDir(), strings.NewReplacer(" ", "_", "/", "_").Replace(CurrentSpecReport().FullText()))
+				dir := filepath.Join(drivertest.ArtifactsDir("kube-proxy-driver"), strings.NewReplacer(" ", "_", "/", "_").Replace(CurrentSpecReport().FullText()))
 				files, err := w.Collect(ctx, dir)
 				AddReportEntry("diagnostics", fmt.Sprintf("%d files in %s (collect error: %v)", len(files), dir, err))
 			}, NodeTimeout(time.Minute))

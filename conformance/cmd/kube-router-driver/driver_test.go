@@ -1,12 +1,10 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -18,6 +16,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
@@ -26,39 +25,12 @@ import (
 	"github.com/dpconform/dpconform/topologies/netns"
 )
 
-// callDriver runs the driver executable once with exactly env (plus PATH) and returns
-// its exit code and decoded stdout.
-func callDriver(env []string, args ...string) (int, map[string]any) {
-	GinkgoHelper()
-	cmd := exec.Command(driverPath, args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
-	var stdout bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, GinkgoWriter
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else {
-		Expect(err).NotTo(HaveOccurred())
-	}
-	var out map[string]any
-	Expect(json.Unmarshal(stdout.Bytes(), &out)).To(Succeed(), "stdout is not one JSON object: %q", stdout.String())
-	return code, out
-}
-
 var _ = Describe("the driver's facts and refusals", func() {
 	var good []string
-	BeforeEach(func() {
-		dir := GinkgoT().TempDir()
-		nsFile := filepath.Join(dir, "netns")
-		kubeconfig := filepath.Join(dir, "kubeconfig")
-		Expect(os.WriteFile(nsFile, nil, 0o644)).To(Succeed())
-		Expect(os.WriteFile(kubeconfig, nil, 0o644)).To(Succeed())
-		good = []string{"DPC_NODE=node-a", "DPC_NETNS=" + nsFile, "DPC_KUBECONFIG=" + kubeconfig, "DPC_STATE_DIR=" + dir, "DPC_TOPOLOGY=netns"}
-	})
+	BeforeEach(func() { good = drivertest.NodeEnv(GinkgoT()) })
 
 	It("claims the Policy profile with the default CNI configuration", func() {
-		code, out := callDriver(nil, "info")
+		code, out := drivertest.Call(driverPath, nil, "info")
 		Expect(code).To(Equal(0))
 		Expect(out).To(HaveKeyWithValue("name", "kube-router"))
 		Expect(out).To(HaveKeyWithValue("version", Version))
@@ -71,7 +43,7 @@ var _ = Describe("the driver's facts and refusals", func() {
 
 	DescribeTable("refuses what cannot work, with the fix in the detail",
 		func(env func() []string, args []string, wantErr string, wantDetail ...string) {
-			code, out := callDriver(env(), args...)
+			code, out := drivertest.Call(driverPath, env(), args...)
 			Expect(code).NotTo(Equal(0))
 			Expect(out).To(HaveKeyWithValue("error", wantErr))
 			for _, d := range wantDetail {
@@ -165,7 +137,7 @@ var _ = Describe("kube-router through its driver", Ordered, ContinueOnFailure, f
 
 	BeforeAll(func(ctx SpecContext) {
 		Expect(hostNames(ctx)).To(BeEmpty(), "the host has kube-router's names before the test")
-		drv := newDriver()
+		drv := drivertest.NewExec(driverPath)
 		info, err := drv.Info(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		topo, err = netns.New(ctx, netns.Options{CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) }})
@@ -193,7 +165,7 @@ var _ = Describe("kube-router through its driver", Ordered, ContinueOnFailure, f
 		if !CurrentSpecReport().Failed() {
 			return
 		}
-		dir := filepath.Join(artifactsDir(), strings.NewReplacer(" ", "_", "/", "_").Replace(CurrentSpecReport().FullText()))
+		dir := filepath.Join(drivertest.ArtifactsDir("kube-router-driver"), strings.NewReplacer(" ", "_", "/", "_").Replace(CurrentSpecReport().FullText()))
 		files, err := w.Collect(ctx, dir)
 		AddReportEntry("diagnostics", fmt.Sprintf("%d files in %s (collect error: %v)", len(files), dir, err))
 	}, NodeTimeout(time.Minute))
