@@ -27,6 +27,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -154,7 +155,12 @@ func ensureImage(ctx context.Context, name string, agentBin []byte) error {
 	return err
 }
 
-// ensureLoaded imports the image into the node's containerd unless it is there.
+// ensureLoaded imports the image into the node's containerd unless it is there. It
+// sends only the blobs the node lacks: refdp's image is the base image, whose layer
+// every node has (the kind node image's component images are built on it), and one
+// layer with refdp, so what travels into the node is that layer and the image's
+// manifest and config, not the 300 MB of Debian under them. Where the slim import
+// fails (a node that lacks a blob after all), the whole image is sent.
 func ensureLoaded(ctx context.Context, node, name string) error {
 	out, err := docker(ctx, nil, "exec", node, "ctr", "--namespace=k8s.io", "images", "ls", "-q")
 	if err != nil {
@@ -169,8 +175,54 @@ func ensureLoaded(ctx context.Context, node, name string) error {
 	if err != nil {
 		return err
 	}
-	_, err = docker(ctx, saved, "exec", "-i", node, "ctr", "--namespace=k8s.io", "images", "import", "--digests", "-")
+	importArgs := []string{"exec", "-i", node, "ctr", "--namespace=k8s.io", "images", "import", "--digests", "-"}
+	if have, err := docker(ctx, nil, "exec", node, "ctr", "--namespace=k8s.io", "content", "ls", "-q"); err == nil {
+		if slim, dropped, err := withoutBlobs(saved, strings.Fields(string(have))); err == nil && dropped > 0 {
+			if _, err := docker(ctx, slim, importArgs...); err == nil {
+				return nil
+			}
+		}
+	}
+	_, err = docker(ctx, saved, importArgs...)
 	return err
+}
+
+// withoutBlobs returns the image archive (`docker save`'s OCI layout) without the
+// blobs whose digests are in have, and how many it left out.
+func withoutBlobs(archive []byte, have []string) ([]byte, int, error) {
+	skip := map[string]bool{}
+	for _, d := range have {
+		if hex, ok := strings.CutPrefix(d, "sha256:"); ok {
+			skip["blobs/sha256/"+hex] = true
+		}
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tr := tar.NewReader(bytes.NewReader(archive))
+	dropped := 0
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			return nil, 0, err
+		}
+		if skip[strings.TrimPrefix(h.Name, "./")] {
+			dropped++
+			continue
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, 0, err
+		}
+		if _, err := io.Copy(tw, tr); err != nil {
+			return nil, 0, err
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, 0, err
+	}
+	return buf.Bytes(), dropped, nil
 }
 
 // daemonSet is refdp's DaemonSet. Its pods run privileged on the node's network with
