@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
+	"os"
 	"reflect"
 	"strconv"
 	"strings"
@@ -197,6 +199,49 @@ func TestReachLoopback(t *testing.T) {
 	}
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("took %v on loopback: the targets did not run concurrently", d)
+	}
+}
+
+// TestReachUDPSourcePorts: a reach probe's datagrams come from ports below the
+// ephemeral range, so no later probe's new socket can share a flow with one of them
+// that a dataplane's conntrack still holds (RESTART-FAIL-CLOSED once failed
+// kube-router on a stranger's datagram from the port of a reach probe's datagram
+// answered 5 s before, when the policy was not yet in force).
+func TestReachUDPSourcePorts(t *testing.T) {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		t.Skipf("no ephemeral port range to stay below: %v", err)
+	}
+	lo, err := strconv.Atoi(strings.Fields(string(data))[0])
+	if err != nil || lo < reachPortLow+1000 {
+		t.Skipf("the ephemeral range starts at %q: too low to stay below", data)
+	}
+	_, udp := freeLoopbackPorts(t, 1)
+	runInProcess(t, "serve", "-name", "srv-a", "-udp", strconv.Itoa(udp[0]))
+	cfg := Reach{Name: "reach-ports", Timeout: 2 * time.Second}
+	for i := range 20 {
+		cfg.Targets = append(cfg.Targets, Target{Label: fmt.Sprintf("udp #%d", i), Proto: "udp", Addr: fmt.Sprintf("127.0.0.1:%d", udp[0])})
+	}
+	code, evs := runInProcess(t, append([]string{"reach"}, cfg.Args()...)...)()
+	if code != 0 {
+		t.Fatalf("exit code %d; events %+v", code, evs)
+	}
+	n := 0
+	for _, e := range evs {
+		if e.Kind != KindReach {
+			continue
+		}
+		n++
+		ap, err := netip.ParseAddrPort(e.Peer)
+		if e.Outcome != OK || err != nil {
+			t.Fatalf("%q: %s (%s) from %q", e.Label, e.Outcome, e.Err, e.Peer)
+		}
+		if p := int(ap.Port()); p < reachPortLow || p >= lo {
+			t.Errorf("%q sent from port %d, want one in [%d, %d): below the ephemeral range", e.Label, p, reachPortLow, lo)
+		}
+	}
+	if n != len(cfg.Targets) {
+		t.Errorf("%d outcomes for %d targets", n, len(cfg.Targets))
 	}
 }
 

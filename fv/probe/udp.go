@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/dpconform/dpconform/fv/monotime"
@@ -185,11 +189,27 @@ func sendOnce(to *net.UDPAddr, b []byte) error {
 // and a datagram from any other address is not taken for the answer. It sets ev's
 // Outcome, Err, Latency and Backend, and returns the socket's local address (nil when
 // it could not open one).
+//
+// Its source port is below the kernel's ephemeral range (reachPort): a reach
+// probe's flow, answered, stays in the dataplane's conntrack some 30 s after it, and a
+// later probe's new socket that the kernel gave the same port would be taken for it,
+// let through as established where the policy now refuses a new flow.
 func exchangeUDP(ev *Event, addr string, req request, timeout time.Duration) net.Addr {
 	t0 := req.sent
 	deadline := t0.Add(timeout).Deadline()
-	d := net.Dialer{Deadline: deadline}
-	c, err := d.Dial("udp", addr)
+	var c net.Conn
+	var err error
+	for try := 0; ; try++ {
+		d := net.Dialer{Deadline: deadline}
+		if port := reachPort(); port != 0 {
+			d.LocalAddr = &net.UDPAddr{Port: port}
+		}
+		c, err = d.Dial("udp", addr)
+		// A port in use (by a server in this pod) is tried again with another.
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) || try == 9 {
+			break
+		}
+	}
 	if err != nil {
 		failed(ev, t0, "socket", err)
 		return nil
@@ -212,4 +232,28 @@ func exchangeUDP(ev *Event, addr string, req request, timeout time.Duration) net
 	}
 	judgeReply(ev, buf[:n], req, monotime.Now(), timeout)
 	return local
+}
+
+// Reach probes' UDP source ports are drawn from [reachPortLow, the start of the
+// ephemeral range): never a port the kernel hands a socket that binds none, as the
+// UDP and connect probes' do.
+const reachPortLow = 10000
+
+// reachPort returns a random port below the ephemeral range of this network namespace
+// (net.ipv4.ip_local_port_range, 32768 to 60999 unless set), or 0 (any port) where
+// that range leaves too little room below it.
+func reachPort() int {
+	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(data))
+	if len(f) != 2 {
+		return 0
+	}
+	lo, err := strconv.Atoi(f[0])
+	if err != nil || lo < reachPortLow+1000 {
+		return 0
+	}
+	return reachPortLow + rand.IntN(lo-reachPortLow)
 }
