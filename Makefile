@@ -136,10 +136,11 @@ lint:
 	$(GO) tool staticcheck ./...
 
 ## test: everything that proves the project (privileged tests need root), then the
-## Core profile against the reference on a 2-node kind cluster
+## Core profile against the reference on one 3-node kind cluster, through the kind
+## topology and, known by its kubeconfig alone, through the cluster topology
 test: deps deps-generate deps-browser binaries kind-image lint lint-ci
 	$(GO) test -count=1 -p 1 -timeout 60m ./...
-	$(MAKE) kind-conformance
+	$(MAKE) kind-cluster-conformance
 
 ## bench: the project's benchmarks, with their figures (not part of `make test`)
 bench: deps binaries
@@ -159,8 +160,7 @@ kind-conformance: deps deps-kind binaries kind-image build
 ## through the kind topology (report in _output/kind-conformance), then on the same
 ## cluster, known by its kubeconfig alone, the cluster provider's own tests and Core
 ## through --topology cluster (report in _output/cluster-conformance; the third node
-## carries the external client), cluster down (also on failure). Not yet part of `make
-## test`: it does not pass yet (README, Status).
+## carries the external client), cluster down (also on failure). Part of `make test`.
 kind-cluster-conformance: deps deps-kind binaries kind-image build
 	$(GO) test -c -o $(OUT)/cluster.test ./topologies/cluster/
 	$(BIN)/dpconform run --topology kind --kind-nodes 3 --driver $(DRIVER) --profiles $(or $(PROFILES),Core) --output $(OUT)/kind-conformance -v \

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
@@ -361,11 +362,29 @@ func internalIP(n *corev1.Node) netip.Addr {
 	return netip.Addr{}
 }
 
+// ProbeCPU is the CPU every pod of a run requests. Probes run in the run's pods (what
+// exec starts joins the container's cgroup), and a pod that requests nothing is
+// BestEffort, whose cgroup has the least CPU weight there is (cpu.shares 2 against
+// the 1024 of the node's daemons and the hundreds of the control plane's Burstable
+// pods): whenever the node is busy (the API server streaming the probes' events, a
+// container restarting), its probes wait, and their streams showed gaps of 100-190
+// ms that the same streams through the kind topology, whose probes are not in the
+// pods' cgroups, never showed (35-47 ms). A request makes them Burstable, with a
+// weight of their own; no limit, which would throttle them.
+var ProbeCPU = resource.MustParse("100m")
+
+// podObject is a pod of the run: the project's image, the probe binary's `pause`,
+// and ProbeCPU requested.
+func (c *Cluster) podObject(spec topologies.PodSpec, namespace string) *corev1.Pod {
+	p := kubeobj.PodObject(spec, namespace, c.image, corev1.PullIfNotPresent, []string{c.probePath, "pause"})
+	p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: ProbeCPU}
+	return p
+}
+
 // startHelper runs one of the run's privileged host-network pods on n and finds its
 // interface to the nodes' network (the one holding n's InternalIP).
 func (c *Cluster) startHelper(ctx context.Context, name string, n *corev1.Node) (*helper, error) {
-	p := kubeobj.PodObject(topologies.PodSpec{Name: name, Node: n.Name, Labels: map[string]string{roleLabel: "helper"}},
-		c.namespace, c.image, corev1.PullIfNotPresent, []string{c.probePath, "pause"})
+	p := c.podObject(topologies.PodSpec{Name: name, Node: n.Name, Labels: map[string]string{roleLabel: "helper"}}, c.namespace)
 	p.Spec.HostNetwork, p.Spec.HostPID = true, true
 	p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr.To(true)}
 	if _, err := c.kube.CoreV1().Pods(c.namespace).Create(ctx, p, metav1.CreateOptions{}); err != nil {

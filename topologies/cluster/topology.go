@@ -14,7 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -340,7 +339,7 @@ func (t *Topology) AddPod(ctx context.Context, spec topologies.PodSpec) (topolog
 	if err != nil {
 		return nil, err
 	}
-	obj := kubeobj.PodObject(spec, ns, t.c.image, corev1.PullIfNotPresent, []string{t.c.probePath, "pause"})
+	obj := t.c.podObject(spec, ns)
 	if _, err := t.c.kube.CoreV1().Pods(ns).Create(ctx, obj, metav1.CreateOptions{}); err != nil {
 		return nil, fmt.Errorf("create Pod %s/%s: %w", ns, spec.Name, err)
 	}

@@ -11,6 +11,8 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
+
+	"github.com/dpconform/dpconform/topologies"
 )
 
 type recorder struct {
@@ -208,5 +210,23 @@ func TestOwnerAlive(t *testing.T) {
 		if got := ownerAlive(tc.owner); got != tc.want {
 			t.Errorf("ownerAlive(%q) = %v, want %v", tc.owner, got, tc.want)
 		}
+	}
+}
+
+// TestPodsRequestCPU: the run's pods, where its probes run, are not BestEffort (the
+// least CPU weight a node gives: their streams waited out the node's busy moments),
+// and have no CPU limit to throttle them.
+func TestPodsRequestCPU(t *testing.T) {
+	c := &Cluster{image: "img", probePath: "/dpconform"}
+	p := c.podObject(topologies.PodSpec{Name: "web", Node: "n1"}, "ns")
+	res := p.Spec.Containers[0].Resources
+	if got := res.Requests[corev1.ResourceCPU]; got.Cmp(ProbeCPU) != 0 || got.IsZero() {
+		t.Errorf("the pod requests CPU %v, want %v", got.String(), ProbeCPU.String())
+	}
+	if len(res.Limits) != 0 {
+		t.Errorf("the pod has limits %v, want none", res.Limits)
+	}
+	if got := p.Spec.Containers[0].Command; len(got) != 2 || got[0] != "/dpconform" || got[1] != "pause" {
+		t.Errorf("the pod runs %v, want the probe binary's pause", got)
 	}
 }
