@@ -239,10 +239,20 @@ func exchangeUDP(ev *Event, addr string, req request, timeout time.Duration) net
 // UDP and connect probes' do.
 const reachPortLow = 10000
 
-// reachPort returns a random port below the ephemeral range of this network namespace
-// (net.ipv4.ip_local_port_range, 32768 to 60999 unless set), or 0 (any port) where
-// that range leaves too little room below it.
+// reachPort returns a random port below the ephemeral range of this network namespace,
+// or 0 (any port) where that range leaves too little room below it.
 func reachPort() int {
+	lo := ephemeralLow()
+	if lo < reachPortLow+1000 {
+		return 0
+	}
+	return reachPortLow + rand.IntN(lo-reachPortLow)
+}
+
+// ephemeralLow is the start of this network namespace's ephemeral port range
+// (net.ipv4.ip_local_port_range, 32768 unless set), or 0 where it cannot be read. A
+// probe lives in one namespace, so it is read once, not for every datagram.
+var ephemeralLow = sync.OnceValue(func() int {
 	data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err != nil {
 		return 0
@@ -252,8 +262,8 @@ func reachPort() int {
 		return 0
 	}
 	lo, err := strconv.Atoi(f[0])
-	if err != nil || lo < reachPortLow+1000 {
+	if err != nil {
 		return 0
 	}
-	return reachPortLow + rand.IntN(lo-reachPortLow)
-}
+	return lo
+})
