@@ -285,7 +285,7 @@ func (rep Report) Certified() error {
 		}
 		claimed++
 		if p.Result != Passed {
-			bad = append(bad, fmt.Sprintf("%s %s (%s)", p.Name, strings.ToUpper(string(p.Result)), p.Summary))
+			bad = append(bad, fmt.Sprintf("%s %s (%s)%s", p.Name, strings.ToUpper(string(p.Result)), p.Summary, notPassed(p)))
 		}
 	}
 	switch {
@@ -295,6 +295,27 @@ func (rep Report) Certified() error {
 		return errors.New("not certified: the run covered no profile the implementation claims")
 	}
 	return nil
+}
+
+// notPassed names a profile's specs that failed or could not be judged, each with the
+// first line of its reason, so that the last line of a long log says which spec to
+// look at.
+func notPassed(p ProfileReport) string {
+	var specs []string
+	for _, s := range p.Specs {
+		if s.Result != Failed && s.Result != Errored {
+			continue
+		}
+		reason, _, _ := strings.Cut(s.Reason, "\n")
+		if len(reason) > 160 {
+			reason = reason[:157] + "..."
+		}
+		specs = append(specs, fmt.Sprintf("%s %s: %s", s.ID, s.Result, reason))
+	}
+	if len(specs) == 0 {
+		return ""
+	}
+	return ": " + strings.Join(specs, ", ")
 }
 
 func specReport(r Result) SpecReport {

@@ -37,8 +37,8 @@ func TestBuildReportProfileResults(t *testing.T) {
 		want    ResultKind
 	}{
 		{"every spec passed", []Result{{ID: "A", Profile: Core, Result: Passed}, {ID: "B", Profile: Core, Result: Passed}}, Passed},
-		{"one failed", []Result{{ID: "A", Profile: Core, Result: Passed}, {ID: "B", Profile: Core, Result: Failed}}, Failed},
-		{"one could not be judged", []Result{{ID: "A", Profile: Core, Result: Failed}, {ID: "B", Profile: Core, Result: Errored}}, Errored},
+		{"one failed", []Result{{ID: "A", Profile: Core, Result: Passed}, {ID: "B", Profile: Core, Result: Failed, Reason: "why B\nthe timeline"}}, Failed},
+		{"one could not be judged", []Result{{ID: "A", Profile: Core, Result: Failed}, {ID: "B", Profile: Core, Result: Errored, Reason: "why B"}}, Errored},
 		{"a spec skipped for an optional feature", []Result{{ID: "A", Profile: Core, Result: Passed}, {ID: "B", Profile: Core, Result: Skipped, Optional: true}}, Passed},
 		{"a spec not run (focus)", []Result{{ID: "A", Profile: Core, Result: Passed}, {ID: "B", Profile: Core, Result: Skipped}}, Incomplete},
 		{"nothing ran", []Result{{ID: "A", Profile: Core, Result: Skipped, Optional: true}}, Incomplete},
@@ -48,8 +48,15 @@ func TestBuildReportProfileResults(t *testing.T) {
 			if len(rep.Profiles) != 2 || rep.Profiles[0].Result != tc.want || rep.Profiles[1].Result != Skipped || rep.Profiles[1].Claimed {
 				t.Fatalf("profiles %+v, want Core %s and Policy skipped, unclaimed", rep.Profiles, tc.want)
 			}
-			if err := rep.Certified(); (err == nil) != (tc.want == Passed) {
+			err := rep.Certified()
+			if (err == nil) != (tc.want == Passed) {
 				t.Errorf("Certified() = %v with Core %s", err, tc.want)
+			}
+			// The error is a long log's last line: it names the spec to look at.
+			if tc.want == Failed || tc.want == Errored {
+				if want := "B " + string(tc.want) + ": why B"; err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("Certified() = %v, want it to name %q", err, want)
+				}
 			}
 		})
 	}
