@@ -181,6 +181,16 @@ func leftoverRunIDs(root string) []string {
 			add(id)
 		}
 	}
+	// A run's cgroup, the last trace of a run whose cleanup was cut short.
+	if rc := runCgroup(RunPrefix + "00000"); rc != "" {
+		if entries, err := os.ReadDir(filepath.Dir(rc)); err == nil {
+			for _, e := range entries {
+				if e.IsDir() {
+					add(e.Name())
+				}
+			}
+		}
+	}
 	out := make([]string, 0, len(seen))
 	for id := range seen {
 		out = append(out, id)

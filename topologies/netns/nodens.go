@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
 	"golang.org/x/sys/unix"
@@ -333,13 +334,28 @@ func removeCgroupTree(dir string) error {
 		}
 	}
 	sort.Slice(dirs, func(i, j int) bool { return len(dirs[i]) > len(dirs[j]) })
+	// A killed process leaves its cgroup only once it has exited and been reaped
+	// (by init, for a run whose owner is gone): until then rmdir says EBUSY.
+	deadline := time.Now().Add(cgroupEmptyTimeout)
 	for _, d := range dirs {
-		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("remove cgroup %s: %w", d, err))
+		for {
+			err := unix.Rmdir(d)
+			if err == nil || errors.Is(err, unix.ENOENT) {
+				break
+			}
+			if !errors.Is(err, unix.EBUSY) || time.Now().After(deadline) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w (processes left: %v)", d, err, cgroupPIDs(d)))
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
 		}
 	}
 	return errors.Join(errs...)
 }
+
+// cgroupEmptyTimeout is how long a cgroup whose processes were killed may take to
+// empty before its removal fails.
+const cgroupEmptyTimeout = 10 * time.Second
 
 // cgroupPIDs lists the processes in the cgroup directory dir itself.
 func cgroupPIDs(dir string) []int {
