@@ -3,12 +3,16 @@ package probe
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dpconform/dpconform/fv/monotime"
 )
@@ -109,7 +113,8 @@ func (s *streamer) run(ctx context.Context) (int, error) {
 
 func (s *streamer) open(st *stream) {
 	t0 := monotime.Now()
-	conn, err := net.DialTimeout("tcp", s.cfg.Target, s.cfg.DialTimeout)
+	d := net.Dialer{Timeout: s.cfg.DialTimeout, Control: promptRetransmissions}
+	conn, err := d.Dial("tcp", s.cfg.Target)
 	ev := Event{Time: t0, Kind: KindOpen, Stream: st.id, Target: s.cfg.Target, Latency: monotime.Since(t0), Outcome: OK}
 	if err != nil {
 		ev.Outcome, ev.Err = classify("connect", err)
@@ -254,4 +259,30 @@ func (s *streamer) end(st *stream, o Outcome, why string) {
 	t := monotime.Now()
 	s.flush()
 	s.em.emit(Event{Time: t, Kind: KindEnd, Stream: st.id, Outcome: o, Err: why, Target: s.cfg.Target, Backend: backend})
+}
+
+// MaxRetransmitInterval is the longest a stream's socket waits between two
+// retransmissions of an unacknowledged segment (TCP_RTO_MAX_MS, Linux 6.15 and later).
+const MaxRetransmitInterval = time.Second
+
+// promptRetransmissions caps, before a stream's socket connects, the interval between
+// its retransmissions at MaxRetransmitInterval. A stream whose path is gone learns
+// what the dataplane does about it only from the answer to its next packet: a
+// dataplane that resets the flows to a vanished backend resets one when its next
+// retransmission comes by. With the kernel's exponential backoff those come 0.2, 0.6,
+// 1.4, 3.0 and 6.2 s after the path went, so the reset would show up to 3.2 s after
+// the dataplane acted, by when the path went and not by what the dataplane did
+// (SVC-ENDPOINT-VANISH allows 2 s from the Service's update). On a kernel without the
+// option (ENOPROTOOPT) the stream keeps the kernel's backoff.
+func promptRetransmissions(_, _ string, c syscall.RawConn) error {
+	var err error
+	if cerr := c.Control(func(fd uintptr) {
+		err = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_RTO_MAX_MS, int(MaxRetransmitInterval.Milliseconds()))
+	}); cerr != nil {
+		return cerr
+	}
+	if err != nil && !errors.Is(err, unix.ENOPROTOOPT) {
+		return fmt.Errorf("setsockopt TCP_RTO_MAX_MS %d: %w", MaxRetransmitInterval.Milliseconds(), err)
+	}
+	return nil
 }

@@ -256,6 +256,47 @@ var _ = Describe("the probes on a real path", Label("privileged"), func() {
 		}
 	}, NodeTimeout(30*time.Second))
 
+	// A dataplane that resets the flows to a vanished backend resets one when the
+	// client's next packet comes by. Here the retransmissions came ~1.6 s after the
+	// path went and then, with the kernel's exponential backoff, ~3.3 s: resets from
+	// 1.8 s on were learnt ~1.5 s late. With the cap the next came ~2.6 s.
+	It("learns of a reset on a stream whose path went black within the retransmission cap", func(ctx SpecContext) {
+		srv := serve(ctx, probe.Serve{Name: "pod-a", TCP: []int{8080}})
+		st := l.mustStart(ctx, l.pair.Client, probe.Stream{Name: "st", Target: l.server(8080), Streams: 2})
+		time.Sleep(300 * time.Millisecond)
+		// Both ways, as for a backend that vanished: its own retransmissions would
+		// draw the client's acknowledgements.
+		_, err := l.fw.Apply(ctx, "-I OUTPUT -p tcp --sport 8080 -j DROP")
+		Expect(err).NotTo(HaveOccurred())
+		drop, err := l.fw.Apply(ctx, "-I INPUT -p tcp --dport 8080 -j DROP")
+		Expect(err).NotTo(HaveOccurred())
+		l.tl.RecordAt(drop.Committed, "path-black", "")
+		time.Sleep(monotime.Until(drop.Committed.Add(1800 * time.Millisecond)))
+		_, err = l.fw.Apply(ctx, "-I OUTPUT -p tcp --sport 8080 --tcp-flags RST RST -j ACCEPT")
+		Expect(err).NotTo(HaveOccurred())
+		rst, err := l.fw.Apply(ctx, "-I INPUT -p tcp --dport 8080 -j REJECT --reject-with tcp-reset")
+		Expect(err).NotTo(HaveOccurred())
+		l.tl.RecordAt(rst.Committed, "resets-on", "")
+		var ends []probe.Event
+		Eventually(func() int {
+			ends = ends[:0]
+			for _, e := range st.Events() {
+				if e.Kind == probe.KindEnd {
+					ends = append(ends, e)
+				}
+			}
+			return len(ends)
+		}).WithContext(ctx).WithTimeout(5 * time.Second).Should(Equal(2))
+		stop(ctx, st, srv)
+		for _, e := range ends {
+			fmt.Fprintf(GinkgoWriter, "stream %d: %s %.1f ms after the resets began, %.1f ms after the path went\n",
+				e.Stream, e.Outcome, float64(e.Time.Sub(rst.Committed))/1e6, float64(e.Time.Sub(drop.Committed))/1e6)
+			Expect(e.Outcome).To(Equal(probe.Reset), e.Err)
+			Expect(e.Time.Sub(rst.Committed)).To(BeNumerically("<", probe.MaxRetransmitInterval+150*time.Millisecond),
+				"the stream learnt of the reset only at a retransmission past the cap")
+		}
+	}, NodeTimeout(30*time.Second))
+
 	It("sees nothing delivered on a denied flow, and the first delivery once allowed", func(ctx SpecContext) {
 		srv := serve(ctx, probe.Serve{Name: "pod-a", TCP: []int{9090}, UDP: []int{5002}, RecordTCP: true})
 		_, err := l.fw.Apply(ctx, "-I INPUT -p tcp --dport 9090 -j DROP", "-I INPUT -p udp --dport 5002 -j DROP")
