@@ -1,10 +1,12 @@
 package conformance
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
 
+	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/topologies"
 )
 
@@ -31,6 +33,55 @@ func TestJudgeUnsupportedSetUp(t *testing.T) {
 		}
 		if c.want == Skipped && res.Reason != c.err.Error() {
 			t.Errorf("%s: reason %q, want the topology's %q", c.name, res.Reason, c.err)
+		}
+	}
+}
+
+// A run whose only trouble was a blind probe measured nothing: it is run once more,
+// and the report keeps why. A failed check is a verdict, never run again.
+func TestVoidRunsRunAgain(t *testing.T) {
+	blind := fmt.Errorf("%w: check streams: %w: probe st did not send for 330 ms: %w", ErrEnvironment, matchers.ErrInstrument, matchers.ErrBlind)
+	r := &Runner{cfg: Config{Logf: t.Logf}}
+	for _, c := range []struct {
+		name   string
+		checks []CheckResult
+		err    error
+		blind  bool
+	}{
+		{"blind, every other check passed", []CheckResult{{Passed: true}, {Verdict: matchers.Instrument}}, blind, true},
+		{"blind after a failed check", []CheckResult{{Passed: false, Verdict: matchers.Violation}, {Verdict: matchers.Instrument}}, blind, false},
+		{"another environment error", nil, fmt.Errorf("%w: no space", ErrEnvironment), false},
+	} {
+		res := Result{Checks: c.checks}
+		r.judge(&res, c.err, nil)
+		if res.Result != Errored || res.blind != c.blind {
+			t.Errorf("%s: %s, void %v; want an error, void %v", c.name, res.Result, res.blind, c.blind)
+		}
+	}
+
+	seq := func(results ...Result) (func() Result, *int) {
+		n := 0
+		return func() Result { n++; return results[n-1] }, &n
+	}
+	void := Result{Result: Errored, Reason: "blind", blind: true}
+	for _, c := range []struct {
+		name  string
+		runs  []Result
+		want  ResultKind
+		calls int
+	}{
+		{"void, then passed", []Result{void, {Result: Passed}}, Passed, 2},
+		{"void twice", []Result{void, void}, Errored, 2},
+		{"failed", []Result{{Result: Failed}}, Failed, 1},
+		{"passed", []Result{{Result: Passed}}, Passed, 1},
+	} {
+		once, calls := seq(c.runs...)
+		got := r.unlessVoid(context.Background(), "A", once)
+		if got.Result != c.want || *calls != c.calls {
+			t.Errorf("%s: %s after %d runs, want %s after %d", c.name, got.Result, *calls, c.want, c.calls)
+		}
+		if wantVoid := c.calls - 1; len(got.Void) != wantVoid {
+			t.Errorf("%s: void %q, want %d reasons", c.name, got.Void, wantVoid)
 		}
 	}
 }

@@ -98,6 +98,9 @@ type SpecReport struct {
 	// HostSettings are the host-wide kernel settings the implementation changed
 	// during the spec, e.g. "kernel.timer_migration 1 -> 0 (restored)".
 	HostSettings []string `json:"hostSettings,omitempty"`
+	// Void are the reasons of runs that measured nothing (a probe was blind: the
+	// machine did not run it) and were run again in a fresh world.
+	Void []string `json:"void,omitempty"`
 	// Starts are the start calls the spec made, one per variant, in order, e.g.
 	// "start --version v1", "start --version v2" for an upgrade.
 	Starts []string `json:"starts,omitempty"`
@@ -319,7 +322,7 @@ func notPassed(p ProfileReport) string {
 }
 
 func specReport(r Result) SpecReport {
-	sr := SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics, Starts: r.Starts, Timeline: filepath.ToSlash(r.Timeline)}
+	sr := SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics, Starts: r.Starts, Timeline: filepath.ToSlash(r.Timeline), Void: r.Void}
 	if len(r.Runs) > 0 {
 		k, n := r.Passes()
 		sr.Passes, sr.ChecksFromRun = fmt.Sprintf("%d of %d", k, n), r.ChecksFrom
@@ -423,6 +426,9 @@ func (rep Report) PrintSummary(out io.Writer) {
 				detail = keySpread(s)
 			case s.Result == Passed:
 				detail = keyFigures(s)
+			}
+			if n := len(s.Void); n > 0 {
+				detail += fmt.Sprintf(" [%d void %s run again: a probe was blind]", n, plural(n, "run", "runs"))
 			}
 			fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.ID, s.resultColumn(), detail)
 		}

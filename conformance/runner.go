@@ -115,6 +115,12 @@ type Result struct {
 	// directory; of a spec that ran more than once, the timeline of the run whose
 	// checks it carries (each run keeps its own in Runs).
 	Timeline string `json:"timeline,omitempty"`
+	// Void are the reasons of runs that were void, each run again in a fresh world:
+	// a probe was blind (matchers.ErrBlind, the machine did not run it) and no check
+	// had failed, so the run measured nothing either way.
+	Void []string `json:"void,omitempty"`
+
+	blind bool // void: judge saw only a blind instrument
 }
 
 // FailedKinds returns the kinds of the spec's failure and of its failed checks.
@@ -253,7 +259,7 @@ func (r *Runner) Run(ctx context.Context, s Spec) Result {
 			p.Phase = ph
 			r.progress(p)
 		}
-		runs[i] = r.runOnce(ctx, s, i+1, len(runs), phase)
+		runs[i] = r.unlessVoid(ctx, s.ID, func() Result { return r.runOnce(ctx, s, i+1, len(runs), phase) })
 		done := p
 		done.Result = &runs[i]
 		done.Final = len(runs) == 1
@@ -268,6 +274,21 @@ func (r *Runner) Run(ctx context.Context, s Spec) Result {
 	final.Result, final.Final = &res, true
 	r.progress(final)
 	return res
+}
+
+// unlessVoid returns once's result, or, when that run was void (a probe blind and no
+// check failed), the result of running it once more, which keeps the void run's
+// reason. Only once: a machine that cannot run the probes twice in a row is reported,
+// as an error of the run.
+func (r *Runner) unlessVoid(ctx context.Context, id string, once func() Result) Result {
+	res := once()
+	if !res.blind || ctx.Err() != nil {
+		return res
+	}
+	r.cfg.Logf("%s: the run is void, a probe was blind (%s); running it again in a fresh world", id, res.Reason)
+	again := once()
+	again.Void = append(again.Void, res.Reason)
+	return again
 }
 
 // keepTimelines removes the saved timelines of a repeated spec's runs that passed,
@@ -311,6 +332,7 @@ func combine(runs []Result) Result {
 		res.Duration += run.Duration
 		res.Diagnostics = append(res.Diagnostics, run.Diagnostics...)
 		res.HostSettings = append(res.HostSettings, run.HostSettings...)
+		res.Void = append(res.Void, run.Void...)
 		for _, st := range run.Starts {
 			if !slices.Contains(res.Starts, st) {
 				res.Starts = append(res.Starts, st)
@@ -491,6 +513,9 @@ func (r *Runner) judge(res *Result, err, controlErr error) {
 		res.Result, res.Reason = Errored, err.Error()
 	case err != nil && errors.Is(err, ErrEnvironment):
 		res.Result, res.Reason = Errored, err.Error()
+		res.blind = errors.Is(err, matchers.ErrBlind) && !slices.ContainsFunc(res.Checks, func(c CheckResult) bool {
+			return !c.Passed && c.Verdict != matchers.Instrument
+		})
 	case err != nil && errors.Is(err, errPrecondition), err != nil && errors.Is(err, workloads.ErrNotFlowing):
 		res.Result, res.Kind = Failed, matchers.KindPrecondition
 		res.Reason = "precondition: " + strings.TrimPrefix(err.Error(), errPrecondition.Error()+": ")

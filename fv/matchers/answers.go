@@ -146,8 +146,8 @@ func evalAnswers(w timeline.Window, o options, dl *deadline) (outcome, error) {
 	for name := range from {
 		gap, at := longestGapIn(judged, w.End, sends[name])
 		if gap > o.maxBlind {
-			return outcome{}, fmt.Errorf("probe %s sent no datagram for %s, from %s: the instrument was blind (starved or stopped), %s is the limit",
-				name, fmtMs(gap), w.Relative(at), fmtMs(o.maxBlind))
+			return outcome{}, fmt.Errorf("probe %s sent no datagram for %s, from %s: %w (starved or stopped), %s is the limit",
+				name, fmtMs(gap), w.Relative(at), ErrBlind, fmtMs(o.maxBlind))
 		}
 		blind = max(blind, gap)
 	}

@@ -169,8 +169,8 @@ func selectedAttempts(w timeline.Window, o options) ([]probe.Event, time.Duratio
 		}
 		gap, at := longestGap(w, starts[p.name])
 		if gap > o.maxBlind {
-			return nil, 0, fmt.Errorf("probe %s started no attempt for %s, from %s: the instrument was blind (starved or stopped), %s is the limit",
-				p.name, fmtMs(gap), w.Relative(at), fmtMs(o.maxBlind))
+			return nil, 0, fmt.Errorf("probe %s started no attempt for %s, from %s: %w (starved or stopped), %s is the limit",
+				p.name, fmtMs(gap), w.Relative(at), ErrBlind, fmtMs(o.maxBlind))
 		}
 		blind = max(blind, gap)
 	}

@@ -132,6 +132,11 @@ type Matcher interface {
 // window.
 var ErrInstrument = errors.New("instrument error")
 
+// ErrBlind is the instrument error of a probe that was not running (the machine did
+// not schedule it, or it was stopped) for longer than MaxBlind inside the window: the
+// window cannot be judged, and nothing in it is a verdict on the implementation.
+var ErrBlind = errors.New("the instrument was blind")
+
 // Option tunes a matcher.
 type Option func(*options)
 

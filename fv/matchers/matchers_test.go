@@ -350,6 +350,38 @@ func TestHaveStreamGapsWithin(t *testing.T) {
 		},
 		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
 		pass:    true, verdict: matchers.Pass,
+	}, {
+		// The machine did not run the probe for 230 ms: nothing was in flight for the
+		// path to lose, so the gap's judged length is what is left of it.
+		name: "does not count the probe's own stall against the path",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 2, func(id int, ms float64) bool { return ms > 2100 && ms < 2400 }, nil)
+			for id := 1; id <= 2; id++ {
+				tl.Add(probe.Event{Time: at(2105), End: at(2335), Kind: probe.KindStall, Probe: "st", Stream: id, Gap: 230 * time.Millisecond})
+			}
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		pass:    true, verdict: matchers.Pass, figure: "max_gap", figureVal: 70,
+		contains: []string{"(300.0 ms long, 230.0 ms of it the probe's own stall)", "longest stall of the probe itself 230.0 ms"},
+	}, {
+		name: "fails on what the probe's stall does not explain",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 1, func(id int, ms float64) bool { return ms > 2100 && ms < 2500 }, nil)
+			tl.Add(probe.Event{Time: at(2105), End: at(2205), Kind: probe.KindStall, Probe: "st", Stream: 1, Gap: 100 * time.Millisecond})
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		verdict: matchers.Violation, figure: "max_gap", figureVal: 300,
+		contains: []string{"went 400.0 ms without an echo", "(100.0 ms of it the probe's own stall, not counted)",
+			"the probe itself did not run for 100.0 ms"},
+	}, {
+		name: "is an instrument error when the probe stalled past the limit",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 1, func(id int, ms float64) bool { return ms > 2100 && ms < 2500 }, nil)
+			tl.Add(probe.Event{Time: at(2105), End: at(2435), Kind: probe.KindStall, Probe: "st", Stream: 1, Gap: 330 * time.Millisecond})
+		},
+		matcher:  func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		verdict:  matchers.Instrument,
+		contains: []string{"its probe did not send for 330.0 ms", "blind", "250.0 ms is the limit"},
 	}})
 }
 

@@ -18,6 +18,7 @@ type streamState struct {
 	open    *probe.Event
 	echoes  []probe.Event
 	gaps    []probe.Event
+	stalls  []probe.Event // the probe's own lateness on this stream (KindStall)
 	end     *probe.Event
 	backend string
 }
@@ -44,7 +45,7 @@ func streamsOf(w timeline.Window, o options) []*streamState {
 	for i := range w.Events {
 		e := &w.Events[i]
 		switch e.Kind {
-		case probe.KindOpen, probe.KindEcho, probe.KindGap, probe.KindEnd:
+		case probe.KindOpen, probe.KindEcho, probe.KindGap, probe.KindStall, probe.KindEnd:
 		default:
 			continue
 		}
@@ -64,6 +65,8 @@ func streamsOf(w timeline.Window, o options) []*streamState {
 			s.echoes = append(s.echoes, *e)
 		case probe.KindGap:
 			s.gaps = append(s.gaps, *e)
+		case probe.KindStall:
+			s.stalls = append(s.stalls, *e)
 		case probe.KindEnd:
 			s.end = e
 		}
@@ -123,6 +126,41 @@ type gap struct {
 
 func (g gap) length() time.Duration { return g.to.Sub(g.from) }
 
+// judged is the part of the gap that the path is answerable for: its length less the
+// time the probe itself was late to send on the stream (stalls), during which nothing
+// was in flight for the path to lose.
+func (g gap) judged() time.Duration {
+	d := g.length()
+	if g.s == nil {
+		return d
+	}
+	for _, st := range g.s.stalls {
+		if lo, hi := max(g.from, st.Time), min(g.to, st.End); hi > lo {
+			d -= hi.Sub(lo)
+		}
+	}
+	return d
+}
+
+// blindness returns the stream's longest stall inside the window, and an error when
+// it is longer than the instrument limit: the probe was not running long enough for
+// the dataplane to have failed unseen.
+func blindness(w timeline.Window, s *streamState, o options) (time.Duration, error) {
+	var longest time.Duration
+	for _, st := range s.stalls {
+		if st.End <= w.Start || st.Time >= w.End {
+			continue
+		}
+		d := st.End.Sub(st.Time)
+		if d > o.maxBlind {
+			return d, fmt.Errorf("%s: its probe did not send for %s, from %s: %w (starved or stopped), %s is the limit",
+				s, fmtMs(d), w.Relative(st.Time), ErrBlind, fmtMs(o.maxBlind))
+		}
+		longest = max(longest, d)
+	}
+	return longest, nil
+}
+
 // gapsOf returns the stream's gaps between echoes that overlap the window, each at its
 // full length; a gap still open at the window end counts up to the end.
 func gapsOf(w timeline.Window, s *streamState) []gap {
@@ -176,12 +214,18 @@ func HaveStreamGapsWithin(limit time.Duration, opts ...Option) Matcher {
 		}
 		var worst gap
 		var over []gap
+		var blind time.Duration
 		for _, s := range streams {
+			b, err := blindness(w, s, o)
+			if err != nil {
+				return outcome{}, err
+			}
+			blind = max(blind, b)
 			for _, g := range gapsOf(w, s) {
-				if g.length() > worst.length() {
+				if g.judged() > worst.judged() {
 					worst = g
 				}
-				if g.length() > limit {
+				if g.judged() > limit {
 					over = append(over, g)
 				}
 			}
@@ -189,11 +233,16 @@ func HaveStreamGapsWithin(limit time.Duration, opts ...Option) Matcher {
 		where := ""
 		if worst.s != nil {
 			where = " on " + worst.s.String()
+			if stalled := worst.length() - worst.judged(); stalled > 0 {
+				where += fmt.Sprintf(" (%s long, %s of it the probe's own stall)", fmtMs(worst.length()), fmtMs(stalled))
+			}
 		}
 		out := outcome{verdict: Pass, figures: []Figure{
-			{Name: "max_gap", Value: msf(worst.length()), Unit: "ms", Budget: budget(msf(limit)),
-				Text: fmt.Sprintf("max gap %s%s, over %d %s (budget %s)", fmtMs(worst.length()), where, len(streams), plural(len(streams), "stream", "streams"), fmtMs(limit))},
+			{Name: "max_gap", Value: msf(worst.judged()), Unit: "ms", Budget: budget(msf(limit)),
+				Text: fmt.Sprintf("max gap %s%s, over %d %s (budget %s)", fmtMs(worst.judged()), where, len(streams), plural(len(streams), "stream", "streams"), fmtMs(limit))},
 			{Name: "gaps_over_budget", Value: float64(len(over)), Unit: "gaps", Text: fmt.Sprintf("%d %s over budget", len(over), plural(len(over), "gap", "gaps"))},
+			{Name: "max_schedule_gap", Value: msf(blind), Unit: "ms", Budget: budget(msf(o.maxBlind)),
+				Text: fmt.Sprintf("longest stall of the probe itself %s (instrument limit %s)", fmtMs(blind), fmtMs(o.maxBlind))},
 		}}
 		if len(over) == 0 {
 			return out, nil
@@ -209,6 +258,9 @@ func HaveStreamGapsWithin(limit time.Duration, opts ...Option) Matcher {
 		} else {
 			out.first = fmt.Sprintf("%s went %s without an echo, from %s to %s", g.s, fmtMs(g.length()), w.Relative(g.from), w.Relative(g.to))
 		}
+		if stalled := g.length() - g.judged(); stalled > 0 {
+			out.first += fmt.Sprintf(" (%s of it the probe's own stall, not counted)", fmtMs(stalled))
+		}
 		switch {
 		case g.s.open.Outcome != probe.OK:
 			out.first += fmt.Sprintf("; it never opened: %s (%s)", strings.ToUpper(string(g.s.open.Outcome)), g.s.open.Err)
@@ -218,7 +270,7 @@ func HaveStreamGapsWithin(limit time.Duration, opts ...Option) Matcher {
 		var b strings.Builder
 		b.WriteString("Timeline around it:\n")
 		b.WriteString(w.Excerpt(g.from, o.context, min(g.length(), time.Second)+o.context, func(e probe.Event) bool {
-			return e.Probe == g.s.probe && e.Stream == g.s.id && (e.Kind == probe.KindGap || e.Kind == probe.KindEnd)
+			return e.Probe == g.s.probe && e.Stream == g.s.id && (e.Kind == probe.KindGap || e.Kind == probe.KindStall || e.Kind == probe.KindEnd)
 		}))
 		if len(over) > 1 {
 			b.WriteString("Other gaps over budget:\n")

@@ -47,6 +47,12 @@ const (
 	// Emitted for every gap longer than the probe's gap threshold, so large gaps are
 	// exact and individually visible; smaller ones only show as KindEcho's Gap.
 	KindGap Kind = "gap"
+	// KindStall (stream): the probe itself did not run: its writer for stream Stream,
+	// due to send at Time, woke only at End (Gap late). Emitted when that exceeds the
+	// probe's gap threshold. Time blocked in a write (a full send buffer, which a path
+	// that drops everything fills) does not count: only the probe's own lateness, the
+	// machine not scheduling it, which no dataplane causes.
+	KindStall Kind = "stall"
 	// KindEnd (stream): stream Stream ended at Time (when the probe noticed); Outcome
 	// reset, closed, wrong-reply, timeout or stopped.
 	KindEnd Kind = "end"

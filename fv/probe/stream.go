@@ -155,13 +155,20 @@ func (s *streamer) work(ctx context.Context, st *stream) {
 	var buf [256]byte
 	sched := newSchedule(s.cfg.Interval)
 	defer sched.stop()
+	var wrote monotime.Time // the end of the last write
 	for seq := uint64(1); ; seq++ {
+		due := sched.next
 		if !sched.wait(ctx) || s.isEnded(st) {
 			return
 		}
 		t0 := monotime.Now()
+		// Late from the slot, or from the last write's end if that blocked past it.
+		if late := t0.Sub(max(due, wrote)); late > s.cfg.GapThreshold {
+			s.em.emit(Event{Time: max(due, wrote), End: t0, Kind: KindStall, Stream: st.id, Gap: late, Target: s.cfg.Target})
+		}
 		req := request{kind: reqStream, from: s.cfg.Name, seq: seq, sent: t0, label: s.cfg.Label}.append(buf[:0])
 		_, err := st.conn.Write(req)
+		wrote = monotime.Now()
 		fin := monotime.Time(eofAt.Load())
 		if err != nil {
 			if ctx.Err() != nil {

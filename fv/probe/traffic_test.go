@@ -3,6 +3,7 @@ package probe_test
 import (
 	"fmt"
 	"sort"
+	"syscall"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -219,9 +220,41 @@ var _ = Describe("the probes on a real path", Label("privileged"), func() {
 		Expect(w).To(resets)
 		Expect(w).To(alive)
 		report(gaps, resets, alive)
+		for _, e := range st.Events() {
+			Expect(e.Kind).NotTo(Equal(probe.KindStall), "a drop on the path is not the probe's own stall: %+v", e)
+		}
 		// A gap counts whole when it overlaps a window, and this one starts at the last
 		// echo before the drop: end the quiet window well before it.
 		Expect(l.tl.Window(on.Committed.Add(-400*time.Millisecond), on.Sent.Add(-20*time.Millisecond))).To(matchers.HaveStreamGapsWithin(200*time.Millisecond), "no gap before the drop")
+	}, NodeTimeout(30*time.Second))
+
+	// The machine not running the probe is not the path's gap: the probe says so, and
+	// past the instrument limit the check cannot be judged.
+	It("reports its own stall on streams, and a gap it explains is not the path's", func(ctx SpecContext) {
+		srv := serve(ctx, probe.Serve{Name: "pod-a", TCP: []int{8080}})
+		st := l.mustStart(ctx, l.pair.Client, probe.Stream{Name: "st", Target: l.server(8080), Streams: 3})
+		time.Sleep(500 * time.Millisecond)
+		stopped := l.tl.Record("probe-stopped", "SIGSTOP")
+		Expect(syscall.Kill(st.PID(), syscall.SIGSTOP)).To(Succeed())
+		time.Sleep(300 * time.Millisecond)
+		Expect(syscall.Kill(st.PID(), syscall.SIGCONT)).To(Succeed())
+		l.tl.Record("probe-continued", "SIGCONT")
+		time.Sleep(time.Second)
+		end := monotime.Now()
+		stop(ctx, st, srv)
+		stalls := 0
+		for _, e := range st.Events() {
+			if e.Kind == probe.KindStall {
+				stalls++
+				Expect(e.Gap).To(BeNumerically(">=", 250*time.Millisecond), "stream %d", e.Stream)
+			}
+		}
+		Expect(stalls).To(Equal(3), "a stall on every stream")
+		w := l.tl.Window(stopped.Add(-400*time.Millisecond), end)
+		gaps := matchers.HaveStreamGapsWithin(200 * time.Millisecond)
+		Expect(gaps.Match(w)).Error().To(MatchError(ContainSubstring("the instrument was blind")))
+		Expect(w).To(matchers.HaveStreamGapsWithin(200*time.Millisecond, matchers.MaxBlind(time.Second)),
+			"with a limit above the stall, the gap is the probe's, not the path's")
 	}, NodeTimeout(30*time.Second))
 
 	It("shows a reset on streams whose server process is killed", func(ctx SpecContext) {
