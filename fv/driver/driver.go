@@ -147,6 +147,9 @@ func contains(list []string, s string) bool {
 type Status struct {
 	Running bool `json:"running"`
 	Ready   bool `json:"ready"`
+	// ReadySinceNS is, optionally, when the agent that runs now became ready,
+	// CLOCK_MONOTONIC nanoseconds (the suite's clock); 0 when not given.
+	ReadySinceNS int64 `json:"ready_since_ns,omitempty"`
 }
 
 // Event is one policy verdict reported by `DRIVER events`.

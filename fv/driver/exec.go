@@ -83,8 +83,9 @@ func (e *Exec) Start(ctx context.Context, n Node, opts StartOptions) error {
 // Status implements Driver.
 func (e *Exec) Status(ctx context.Context, n Node) (Status, error) {
 	var st struct {
-		Running *bool `json:"running"`
-		Ready   *bool `json:"ready"`
+		Running      *bool `json:"running"`
+		Ready        *bool `json:"ready"`
+		ReadySinceNS int64 `json:"ready_since_ns"`
 	}
 	if err := e.call(ctx, e.timeouts.Status, "status", &n, nil, &st); err != nil {
 		return Status{}, err
@@ -92,7 +93,10 @@ func (e *Exec) Status(ctx context.Context, n Node) (Status, error) {
 	if st.Running == nil || st.Ready == nil {
 		return Status{}, &Error{Verb: "status", Node: n.Name, Kind: "malformed", Message: `reply needs boolean "running" and "ready"`}
 	}
-	return Status{Running: *st.Running, Ready: *st.Ready}, nil
+	if st.ReadySinceNS < 0 || st.ReadySinceNS > 0 && !*st.Ready {
+		return Status{}, &Error{Verb: "status", Node: n.Name, Kind: "malformed", Message: fmt.Sprintf(`"ready_since_ns" %d: want the CLOCK_MONOTONIC nanoseconds at which a ready agent became ready, or nothing`, st.ReadySinceNS)}
+	}
+	return Status{Running: *st.Running, Ready: *st.Ready, ReadySinceNS: st.ReadySinceNS}, nil
 }
 
 // Stop implements Driver.

@@ -68,6 +68,13 @@ func TestExecDriver(t *testing.T) {
 			wantText: []string{`"running" and "ready"`},
 		},
 		{
+			name:     "ready since, of an agent not ready",
+			body:     `echo '{"running":true,"ready":false,"ready_since_ns":5}'`,
+			call:     func(d *Exec) error { _, err := d.Status(context.Background(), n); return err },
+			wantKind: "malformed",
+			wantText: []string{`"ready_since_ns" 5`, "CLOCK_MONOTONIC"},
+		},
+		{
 			name:     "info without a name",
 			body:     `echo '{"version":"1"}'`,
 			call:     func(d *Exec) error { _, err := d.Info(context.Background()); return err },

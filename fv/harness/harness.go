@@ -159,6 +159,18 @@ func (w *World) Kill(ctx context.Context, n topologies.Node) error {
 // ReadyPoll is how often WaitReady asks the driver.
 const ReadyPoll = 20 * time.Millisecond
 
+// readyAt is when to record an agent ready that a status reply, between asked and
+// seen, said was: when the driver says it became ready (ReadySinceNS), if that falls
+// in the wait, else when the suite saw it. The earlier time can only widen the checks
+// that start at ready, so a driver gains nothing by it; a time before the wait (a
+// previous agent's) is not taken.
+func readyAt(asked, seen monotime.Time, sinceNS int64) monotime.Time {
+	if since := monotime.Time(sinceNS); since >= asked && since < seen {
+		return since
+	}
+	return seen
+}
+
 // WaitReady polls the driver's status until the agent on n is ready, then records
 // ready. An agent that is not ready within ReadyTimeout, or stops running before it
 // is, is an ErrNotReady. A status call that misses its own deadline (a loaded machine)
@@ -170,6 +182,7 @@ func (w *World) WaitReady(ctx context.Context, n topologies.Node) error {
 	var last driver.Status
 	var lastErr error
 	sawRunning := false
+	asked := monotime.Now()
 	for {
 		st, err := w.Driver.Status(ctx, NodeEnv(n))
 		switch {
@@ -186,7 +199,7 @@ func (w *World) WaitReady(ctx context.Context, n topologies.Node) error {
 			lastErr = nil
 			last = st
 			if st.Ready {
-				w.Timeline.Record(timeline.Ready, n.Name())
+				w.Timeline.RecordAt(readyAt(asked, monotime.Now(), st.ReadySinceNS), timeline.Ready, n.Name())
 				return nil
 			}
 			if st.Running {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
 	"github.com/dpconform/dpconform/topologies"
@@ -127,6 +128,41 @@ func TestWaitReady(t *testing.T) {
 				t.Errorf("ready recorded: %v, error: %v", recorded, err)
 			}
 		})
+	}
+}
+
+// An agent is recorded ready when its driver says it became ready, if that is inside
+// the wait, else when the suite saw it: a driver can only make the checks that start
+// at ready stricter.
+func TestReadyAt(t *testing.T) {
+	asked, seen := monotime.Time(1_000_000), monotime.Time(1_050_000)
+	for _, c := range []struct {
+		name  string
+		since int64
+		want  monotime.Time
+	}{
+		{"not given", 0, seen},
+		{"inside the wait", 1_010_000, 1_010_000},
+		{"before the wait: a previous agent's", 900_000, seen},
+		{"after it was seen", 1_060_000, seen},
+	} {
+		if got := readyAt(asked, seen, c.since); got != c.want {
+			t.Errorf("%s: readyAt = %d, want %d", c.name, got, c.want)
+		}
+	}
+	since := monotime.Now()
+	w := world(&fakeDriver{status: func(call int) (driver.Status, error) {
+		if call < 3 {
+			return driver.Status{Running: true}, nil
+		}
+		return driver.Status{Running: true, Ready: true, ReadySinceNS: int64(since.Add(30 * time.Millisecond))}, nil
+	}})
+	since = monotime.Now()
+	if err := w.WaitReady(context.Background(), w.Topo.Nodes()[0]); err != nil {
+		t.Fatal(err)
+	}
+	if tr := w.Timeline.Transitions(); len(tr) != 1 || tr[0].Time != since.Add(30*time.Millisecond) {
+		t.Errorf("ready recorded %+v, want at the driver's %d", tr, since.Add(30*time.Millisecond))
 	}
 }
 

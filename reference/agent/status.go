@@ -6,6 +6,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // StatusFile is the name, in the state directory, of the file where the agent says
@@ -18,6 +20,9 @@ type Status struct {
 	Ready   bool      `json:"ready"`
 	Message string    `json:"message"`
 	Updated time.Time `json:"updated"`
+	// ReadySinceNS is when this process first wrote itself ready, CLOCK_MONOTONIC
+	// nanoseconds; 0 until then.
+	ReadySinceNS int64 `json:"readySinceNs,omitempty"`
 	// Conntrack is the conntrack map the agent's programs use and its format (the
 	// version of refdp), e.g. "dpc_conntrack_v2 (v2)".
 	Conntrack string `json:"conntrack,omitempty"`
@@ -39,15 +44,26 @@ type Migration struct {
 }
 
 type statusFile struct {
-	path      string
-	conntrack string
-	migration *Migration
+	path       string
+	conntrack  string
+	migration  *Migration
+	readySince int64
 }
 
 // write replaces the status file atomically, so a reader never sees half of it.
 func (s *statusFile) write(ready bool, msg string) error {
+	if ready && s.readySince == 0 {
+		var ts unix.Timespec
+		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err == nil {
+			s.readySince = ts.Nano()
+		}
+	}
+	since := s.readySince
+	if !ready {
+		since = 0
+	}
 	data, err := json.Marshal(Status{PID: os.Getpid(), Ready: ready, Message: msg, Updated: time.Now(),
-		Conntrack: s.conntrack, Migration: s.migration})
+		ReadySinceNS: since, Conntrack: s.conntrack, Migration: s.migration})
 	if err != nil {
 		return err
 	}

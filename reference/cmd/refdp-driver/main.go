@@ -316,13 +316,14 @@ func start(ctx context.Context, n skel.Node, opts driver.StartOptions) (int, err
 
 func status(e env) driver.Status {
 	pid := e.agentPID()
-	ready := false
+	var ready bool
+	var since int64
 	if pid != 0 {
 		if st, err := agent.ReadStatus(e.StateDir); err == nil && st.PID == pid {
-			ready = st.Ready
+			ready, since = st.Ready, st.ReadySinceNS
 		}
 	}
-	return driver.Status{Running: pid != 0, Ready: ready}
+	return driver.Status{Running: pid != 0, Ready: ready, ReadySinceNS: since}
 }
 
 func (e env) stopAgent(sig syscall.Signal, wait time.Duration) error {
