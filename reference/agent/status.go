@@ -20,8 +20,8 @@ type Status struct {
 	Ready   bool      `json:"ready"`
 	Message string    `json:"message"`
 	Updated time.Time `json:"updated"`
-	// ReadySinceNS is when this process first wrote itself ready, CLOCK_MONOTONIC
-	// nanoseconds; 0 until then.
+	// ReadySinceNS is when this process last became ready (wrote itself ready after
+	// not being so), CLOCK_MONOTONIC nanoseconds; 0 while it is not ready.
 	ReadySinceNS int64 `json:"readySinceNs,omitempty"`
 	// Conntrack is the conntrack map the agent's programs use and its format (the
 	// version of refdp), e.g. "dpc_conntrack_v2 (v2)".
@@ -52,18 +52,17 @@ type statusFile struct {
 
 // write replaces the status file atomically, so a reader never sees half of it.
 func (s *statusFile) write(ready bool, msg string) error {
-	if ready && s.readySince == 0 {
+	switch {
+	case !ready:
+		s.readySince = 0
+	case s.readySince == 0:
 		var ts unix.Timespec
 		if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err == nil {
 			s.readySince = ts.Nano()
 		}
 	}
-	since := s.readySince
-	if !ready {
-		since = 0
-	}
 	data, err := json.Marshal(Status{PID: os.Getpid(), Ready: ready, Message: msg, Updated: time.Now(),
-		ReadySinceNS: since, Conntrack: s.conntrack, Migration: s.migration})
+		ReadySinceNS: s.readySince, Conntrack: s.conntrack, Migration: s.migration})
 	if err != nil {
 		return err
 	}
