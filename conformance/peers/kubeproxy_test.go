@@ -19,6 +19,7 @@ import (
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/internal/specbrief"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
 
@@ -29,7 +30,7 @@ func TestMain(m *testing.M) {
 
 func TestPeers(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "the suite against real peers")
+	specbrief.RunSpecs(t, "the suite against real peers")
 }
 
 var (

@@ -25,6 +25,7 @@ import (
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/internal/specbrief"
 	"github.com/dpconform/dpconform/reference/faults"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
@@ -36,7 +37,7 @@ func TestMain(m *testing.M) {
 
 func TestSelftest(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "dpconform self-test against the reference dataplane")
+	specbrief.RunSpecs(t, "dpconform self-test against the reference dataplane")
 }
 
 var (

@@ -17,6 +17,7 @@ import (
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
 	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/internal/specbrief"
 )
 
 // TestMain lets the test binary act as the probe: probes are started from
@@ -28,7 +29,7 @@ func TestMain(m *testing.M) {
 
 func TestIntegration(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "fv/probe integration")
+	specbrief.RunSpecs(t, "fv/probe integration")
 }
 
 // Ginkgo shows skip reasons only when verbose: say it out loud once.

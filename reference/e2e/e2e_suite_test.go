@@ -16,6 +16,7 @@ import (
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/internal/specbrief"
 )
 
 func TestMain(m *testing.M) {
@@ -25,7 +26,7 @@ func TestMain(m *testing.M) {
 
 func TestE2E(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "reference dataplane on a netns topology")
+	specbrief.RunSpecs(t, "reference dataplane on a netns topology")
 }
 
 // binDir holds refdp and refdp-driver, built once for the suite.

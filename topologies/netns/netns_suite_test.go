@@ -23,6 +23,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/internal/specbrief"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
@@ -46,7 +47,7 @@ func TestMain(m *testing.M) {
 
 func TestNetns(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "netns topology")
+	specbrief.RunSpecs(t, "netns topology")
 }
 
 var _ = BeforeEach(func() { privileged.Ginkgo(Skip, Fail) })

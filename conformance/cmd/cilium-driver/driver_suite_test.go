@@ -11,6 +11,7 @@ import (
 	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/internal/specbrief"
 )
 
 func TestMain(m *testing.M) {
@@ -20,7 +21,7 @@ func TestMain(m *testing.M) {
 
 func TestCiliumDriver(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "cilium driver on a netns topology")
+	specbrief.RunSpecs(t, "cilium driver on a netns topology")
 }
 
 // driverPath is the driver executable, built once for the suite.

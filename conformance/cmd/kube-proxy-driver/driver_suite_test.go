@@ -11,6 +11,7 @@ import (
 	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/internal/specbrief"
 	"github.com/dpconform/dpconform/topologies/controlplane"
 )
 
@@ -21,7 +22,7 @@ func TestMain(m *testing.M) {
 
 func TestKubeProxyDriver(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "kube-proxy driver on a netns topology")
+	specbrief.RunSpecs(t, "kube-proxy driver on a netns topology")
 }
 
 // driverPath is the driver executable, built once for the suite.
