@@ -42,18 +42,22 @@ func TestJudgeUnsupportedSetUp(t *testing.T) {
 func TestVoidRunsRunAgain(t *testing.T) {
 	blind := fmt.Errorf("%w: check streams: %w: probe st did not send for 330 ms: %w", ErrEnvironment, matchers.ErrInstrument, matchers.ErrBlind)
 	r := &Runner{cfg: Config{Logf: t.Logf}}
+	controlBlind := fmt.Errorf("probe control did not try for 1.2 s: %w", matchers.ErrBlind)
 	for _, c := range []struct {
-		name   string
-		checks []CheckResult
-		err    error
-		blind  bool
+		name    string
+		checks  []CheckResult
+		err     error
+		control error
+		blind   bool
 	}{
-		{"blind, every other check passed", []CheckResult{{Passed: true}, {Verdict: matchers.Instrument}}, blind, true},
-		{"blind after a failed check", []CheckResult{{Passed: false, Verdict: matchers.Violation}, {Verdict: matchers.Instrument}}, blind, false},
-		{"another environment error", nil, fmt.Errorf("%w: no space", ErrEnvironment), false},
+		{"blind, every other check passed", []CheckResult{{Passed: true}, {Verdict: matchers.Instrument}}, blind, nil, true},
+		{"blind after a failed check", []CheckResult{{Passed: false, Verdict: matchers.Violation}, {Verdict: matchers.Instrument}}, blind, nil, false},
+		{"another environment error", nil, fmt.Errorf("%w: no space", ErrEnvironment), nil, false},
+		{"control flow blind", []CheckResult{{Passed: false, Verdict: matchers.Violation}}, nil, controlBlind, true},
+		{"control flow failed", nil, nil, errors.New("3 failed attempts of probe control"), false},
 	} {
 		res := Result{Checks: c.checks}
-		r.judge(&res, c.err, nil)
+		r.judge(&res, c.err, c.control)
 		if res.Result != Errored || res.blind != c.blind {
 			t.Errorf("%s: %s, void %v; want an error, void %v", c.name, res.Result, res.blind, c.blind)
 		}

@@ -117,7 +117,8 @@ type Result struct {
 	Timeline string `json:"timeline,omitempty"`
 	// Void are the reasons of runs that were void, each run again in a fresh world:
 	// a probe was blind (matchers.ErrBlind, the machine did not run it) and no check
-	// had failed, so the run measured nothing either way.
+	// had failed, or the control flow was blind, so the run measured nothing either
+	// way.
 	Void []string `json:"void,omitempty"`
 
 	blind bool // void: judge saw only a blind instrument
@@ -506,6 +507,9 @@ func (r *Runner) judge(res *Result, err, controlErr error) {
 	switch {
 	case controlErr != nil:
 		res.Result, res.Reason = Errored, "environment: the control flow (suite to external client, crossing no dataplane) failed, so nothing is charged to the implementation: "+controlErr.Error()
+		// A blind control flow means the machine did not run the run's probes:
+		// whatever the checks said, it measured nothing, so it is run again.
+		res.blind = errors.Is(controlErr, matchers.ErrBlind)
 	case err != nil && errors.Is(err, topologies.ErrUnsupported):
 		// The topology cannot serve what the spec needs: no verdict either way.
 		res.Result, res.Reason = Skipped, err.Error()
