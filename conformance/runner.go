@@ -121,7 +121,7 @@ type Result struct {
 	// way.
 	Void []string `json:"void,omitempty"`
 
-	blind bool // void: judge saw only a blind instrument
+	blind bool // void: a blind probe with no other check failed, or a blind control flow
 }
 
 // FailedKinds returns the kinds of the spec's failure and of its failed checks.
