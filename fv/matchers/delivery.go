@@ -2,6 +2,8 @@ package matchers
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"strings"
 
@@ -150,8 +152,10 @@ func HaveZeroDelivered(opts ...Option) Matcher {
 // the new sender is not live on the dataplane while the target's policy does not yet
 // know it. "After" is by sequence number: the udp probe numbers its datagrams across
 // all destinations. A target datagram that could not even be sent counts as lost.
-// When no datagram to control is delivered in the window the precondition fails.
-// Options: Probes (the udp senders), Grace, Context.
+// Each sender is judged on its own first delivery to control, and each must have one:
+// when a sender has no datagram to control delivered in the window the precondition
+// fails (its silence on target would prove nothing). Options: Probes (the udp
+// senders), Grace, Context.
 func DeliverToOnceDeliveredTo(target, control string, opts ...Option) Matcher {
 	what := fmt.Sprintf("every datagram to %s delivered once one to %s is", target, control)
 	return newMatcher(what, KindLost, opts, func(w timeline.Window, o options) (outcome, error) {
@@ -174,14 +178,14 @@ func DeliverToOnceDeliveredTo(target, control string, opts ...Option) Matcher {
 		}
 		firstCtl := map[string]probe.Event{}
 		var toTarget []probe.Event
-		sentCtl := 0
+		sentCtl := map[string]int{}
 		for _, e := range w.Inside() {
 			if e.Kind != probe.KindSent || !from[e.Probe] {
 				continue
 			}
 			switch e.Target {
 			case control:
-				sentCtl++
+				sentCtl[e.Probe]++
 				if _, ok := got[key{e.Probe, e.Seq}]; ok {
 					if _, seen := firstCtl[e.Probe]; !seen {
 						firstCtl[e.Probe] = e
@@ -191,11 +195,23 @@ func DeliverToOnceDeliveredTo(target, control string, opts ...Option) Matcher {
 				toTarget = append(toTarget, e)
 			}
 		}
-		if len(firstCtl) == 0 {
+		if len(firstCtl) < len(from) {
+			var silent []string
+			sent := 0
+			for _, name := range slices.Sorted(maps.Keys(from)) {
+				if _, ok := firstCtl[name]; !ok {
+					silent = append(silent, name)
+					sent += sentCtl[name]
+				}
+			}
+			who := ""
+			if len(from) > 1 {
+				who = " from " + strings.Join(silent, ", ")
+			}
 			return outcome{verdict: Precondition, figures: []Figure{
-				{Name: "control_delivered", Value: 0, Unit: "datagrams", Of: sentCtl,
-					Text: fmt.Sprintf("0 of %d datagrams to %s delivered", sentCtl, control)},
-			}, first: fmt.Sprintf("no datagram to %s was delivered in the window (%d sent): the ordering cannot be shown", control, sentCtl)}, nil
+				{Name: "control_delivered", Value: 0, Unit: "datagrams", Of: sent,
+					Text: fmt.Sprintf("0 of %d datagrams%s to %s delivered", sent, who, control)},
+			}, first: fmt.Sprintf("no datagram%s to %s was delivered in the window (%d sent): the ordering cannot be shown", who, control, sent)}, nil
 		}
 		var after, lost []probe.Event
 		before, beforeOK := 0, 0

@@ -118,9 +118,14 @@ func streams(tl *timeline.Timeline, name string, k int, silent func(id int, ms f
 // udp adds datagrams alternately to S and D every ms from 500 ms to 5.9 s, and their
 // receipt when delivered(label, ms) says so.
 func udp(tl *timeline.Timeline, delivered func(label string, ms float64) bool) {
-	lifecycle(tl, "p", probe.RoleUDP, 450, 6000)
 	lifecycle(tl, "s", probe.RoleServe, 100, 6200)
 	lifecycle(tl, "d", probe.RoleServe, 100, 6200)
+	udpFrom(tl, "p", delivered)
+}
+
+// udpFrom adds a udp sender to udp's servers S and D.
+func udpFrom(tl *timeline.Timeline, name string, delivered func(label string, ms float64) bool) {
+	lifecycle(tl, name, probe.RoleUDP, 450, 6000)
 	seq := uint64(0)
 	for ms := 500.0; ms < 5900; ms++ {
 		seq++
@@ -128,9 +133,9 @@ func udp(tl *timeline.Timeline, delivered func(label string, ms float64) bool) {
 		if seq%2 == 0 {
 			label, srv = "D", "d"
 		}
-		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "p", Seq: seq, Target: label, Outcome: probe.OK})
+		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: name, Seq: seq, Target: label, Outcome: probe.OK})
 		if delivered(label, ms) {
-			tl.Add(probe.Event{Time: at(ms), End: at(ms + 0.1), Kind: probe.KindRecv, Probe: srv, Seq: seq, From: "p", Target: label, Proto: "udp", Backend: srv})
+			tl.Add(probe.Event{Time: at(ms), End: at(ms + 0.1), Kind: probe.KindRecv, Probe: srv, Seq: seq, From: name, Target: label, Proto: "udp", Backend: srv})
 		}
 	}
 }
@@ -517,6 +522,26 @@ func TestDeliverToOnceDeliveredTo(t *testing.T) {
 		matcher:  func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
 		verdict:  matchers.Precondition,
 		contains: []string{"PRECONDITION NOT MET: no datagram to D was delivered"},
+	}, {
+		// Each sender is judged on its own: q, which never went live, proves nothing,
+		// though p did.
+		name: "fails its precondition when one of two senders never reaches D",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return ms >= 2300 })
+			udpFrom(tl, "q", func(label string, ms float64) bool { return label == "S" && ms >= 5000 })
+		},
+		matcher:  func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
+		verdict:  matchers.Precondition,
+		contains: []string{"PRECONDITION NOT MET: no datagram from q to D was delivered"},
+	}, {
+		name: "fails when the second of two senders lags",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return ms >= 2300 })
+			udpFrom(tl, "q", func(label string, ms float64) bool { return label == "D" && ms >= 3300 || ms >= 3320 })
+		},
+		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
+		verdict: matchers.Violation, figure: "lost_after_control", figureVal: 9,
+		contains: []string{"9 of", "from q to S"},
 	}})
 }
 
