@@ -65,7 +65,9 @@ type Budgets struct {
 	// twice.
 	EndpointProgrammed time.Duration `budget:"endpoint-programmed"`
 	// Ready bounds every wait for an agent to report ready, at set-up and after each
-	// start of a transition. An agent that is not ready by then fails the spec.
+	// start of a transition. An agent that is not ready by then fails the spec. The
+	// real kube-proxy a ModeSwitch spec starts with is not bounded by it
+	// (harness.KubeProxyReadyTimeout).
 	Ready time.Duration `budget:"ready"`
 	// Programmed bounds the wait for a new Service to carry traffic once its
 	// EndpointSlices list its backends (implementations program asynchronously, and

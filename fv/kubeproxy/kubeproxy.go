@@ -284,7 +284,7 @@ func (f *Fixture) WaitReady(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("kube-proxy (pid %d) is not ready (%s): %w", st.PID, st.Detail, ctx.Err())
+			return fmt.Errorf("kube-proxy (pid %d) is not ready (%s): %w; its log ends:\n%s", st.PID, st.Detail, ctx.Err(), f.LogTail(20))
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
