@@ -57,3 +57,20 @@ func Until(t Time) time.Duration { return time.Duration(t - Now()) }
 
 // String formats t as seconds since boot, the unit a person reads in a dump.
 func (t Time) String() string { return fmt.Sprintf("%.6fs", float64(t)/1e9) }
+
+// SleepUntil blocks the calling thread in the kernel until CLOCK_MONOTONIC reaches t
+// (clock_nanosleep, TIMER_ABSTIME), to within the kernel's timer slack (50 µs by
+// default) instead of the millisecond that the Go runtime's timers keep when the
+// process is otherwise idle (they wake through epoll_pwait, whose timeout is in
+// milliseconds). It holds an OS thread for the whole sleep: meant for sleeps of a
+// millisecond or less. A t in the past returns at once.
+func SleepUntil(t Time) {
+	ts := unix.NsecToTimespec(int64(t))
+	for {
+		// EINTR (the runtime preempts with signals): an absolute deadline needs no
+		// adjustment to resume.
+		if err := unix.ClockNanosleep(unix.CLOCK_MONOTONIC, unix.TIMER_ABSTIME, &ts, nil); err != unix.EINTR {
+			return
+		}
+	}
+}

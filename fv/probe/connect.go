@@ -307,6 +307,12 @@ func readLine(conn net.Conn, buf []byte) (line []byte, eof bool, err error) {
 // schedule paces a loop to absolute times start+k*interval. A loop that falls behind
 // (the process was starved) skips the missed slots instead of bursting, so the gap
 // shows on the timeline instead of being hidden by a flood.
+//
+// A schedule under preciseBelow waits in the kernel (monotime.SleepUntil), not on a
+// Go timer: the runtime's timers keep about a millisecond, so a 250 µs schedule
+// (order-interval) sent most of its slots 1.2 ms apart, two at a time (measured in
+// ORDER-NEW-ENDPOINT: p50 257 µs, p90 1.24 ms, mean 445 µs), and a window of a
+// millisecond or two could pass with no datagram in it.
 type schedule struct {
 	interval time.Duration
 	next     monotime.Time
@@ -317,9 +323,21 @@ func newSchedule(interval time.Duration) *schedule {
 	return &schedule{interval: interval, next: monotime.Now(), timer: time.NewTimer(time.Hour)}
 }
 
+// preciseBelow is the interval under which a schedule sleeps in the kernel.
+const preciseBelow = time.Millisecond
+
 // wait blocks until the next slot; false when ctx is done.
 func (s *schedule) wait(ctx context.Context) bool {
-	if d := monotime.Until(s.next); d > 0 {
+	if d := monotime.Until(s.next); d > 0 && s.interval < preciseBelow {
+		// At most an interval: ctx is checked before and after.
+		if ctx.Err() != nil {
+			return false
+		}
+		monotime.SleepUntil(s.next)
+		if ctx.Err() != nil {
+			return false
+		}
+	} else if d > 0 {
 		s.timer.Reset(d)
 		select {
 		case <-ctx.Done():
