@@ -12,11 +12,18 @@ import (
 )
 
 // receivers checks that every serve probe on the timeline reported up to the window
-// end plus the grace, so that a delivery still in flight at the end is not missed.
+// end plus the grace, so that a delivery still in flight at the end is not missed,
+// and reported no error in that time: a receiver whose own socket dropped datagrams
+// (its receive buffer full) would make the path look lossy.
 func receivers(w timeline.Window, o options) error {
 	for _, p := range ofRole(probesOf(w), probe.RoleServe, options{}) {
 		if err := covers(w, p, false, w.End.Add(o.grace)); err != nil {
 			return fmt.Errorf("receiver: %w", err)
+		}
+		for _, e := range p.errs {
+			if e.Time >= w.Start && e.Time <= w.End.Add(o.grace) {
+				return fmt.Errorf("receiver: probe %s reported an error %s: %s", p.name, w.Relative(e.Time), e.Err)
+			}
 		}
 	}
 	return nil

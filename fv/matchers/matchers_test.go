@@ -542,6 +542,17 @@ func TestDeliverToOnceDeliveredTo(t *testing.T) {
 		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
 		verdict: matchers.Violation, figure: "lost_after_control", figureVal: 9,
 		contains: []string{"9 of", "from q to S"},
+	}, {
+		// What the receiver's own socket dropped would look like the path's loss.
+		name: "is an instrument error when a receiver's socket dropped datagrams",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return ms >= 2300 })
+			tl.Add(probe.Event{Time: at(3000), Kind: probe.KindError, Probe: "s",
+				Err: "udp 10.0.0.1:9000: 12 datagrams dropped by the probe's own socket (receive buffer full) before this one"})
+		},
+		matcher:  func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
+		verdict:  matchers.Instrument,
+		contains: []string{"receiver: probe s reported an error", "12 datagrams dropped"},
 	}})
 }
 

@@ -3,6 +3,7 @@ package probe
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -11,6 +12,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dpconform/dpconform/fv/monotime"
 )
@@ -57,6 +60,10 @@ func (s *server) run(ctx context.Context) (int, error) {
 			return 0, fmt.Errorf("listen udp port %d: %w", p, err)
 		}
 		udp = append(udp, c)
+		if err := receiveQueue(c); err != nil {
+			closeAll()
+			return 0, fmt.Errorf("udp port %d: %w", p, err)
+		}
 	}
 	s.em.emit(Event{Time: monotime.Now(), Kind: KindReady, Role: RoleServe, Probe: s.cfg.Name, PID: os.Getpid()})
 
@@ -166,11 +173,62 @@ func (s *server) serveConn(c net.Conn) {
 	}
 }
 
+// UDPReceiveBuffer is a serve probe's UDP receive buffer. The kernel's default
+// (net.core.rmem_default, 212,992 bytes) holds about 200 small datagrams: at the
+// order-interval's 250 µs, four senders fill it in 25 ms of the probe not reading,
+// and a clean run then lost datagrams in the instrument (measured on 2026-12-03).
+// 8 MiB holds about a second of that.
+const UDPReceiveBuffer = 8 << 20
+
+// receiveQueue sizes c's receive buffer (SO_RCVBUFFORCE as root, else as far as
+// net.core.rmem_max allows) and asks the kernel for its drop counter with each
+// datagram (SO_RXQ_OVFL), so that what the probe's own socket drops is reported as
+// the instrument's fault, never taken for the path's.
+func receiveQueue(c *net.UDPConn) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var forced, ovfl error
+	if err := raw.Control(func(fd uintptr) {
+		forced = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, UDPReceiveBuffer)
+		ovfl = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RXQ_OVFL, 1)
+	}); err != nil {
+		return err
+	}
+	if forced != nil {
+		if err := c.SetReadBuffer(UDPReceiveBuffer); err != nil {
+			return fmt.Errorf("receive buffer: %w", err)
+		}
+	}
+	if ovfl != nil {
+		return fmt.Errorf("SO_RXQ_OVFL: %w", ovfl)
+	}
+	return nil
+}
+
+// socketDrops returns the drop counter SO_RXQ_OVFL put in a datagram's control
+// message, and whether there was one.
+func socketDrops(oob []byte) (uint32, bool) {
+	msgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return 0, false
+	}
+	for _, m := range msgs {
+		if m.Header.Level == unix.SOL_SOCKET && m.Header.Type == unix.SO_RXQ_OVFL && len(m.Data) >= 4 {
+			return binary.NativeEndian.Uint32(m.Data), true
+		}
+	}
+	return 0, false
+}
+
 func (s *server) udpLoop(ctx context.Context, c *net.UDPConn) error {
 	buf := make([]byte, 2048)
+	oob := make([]byte, unix.CmsgSpace(4))
 	var out []byte
+	var dropped uint32
 	for {
-		n, peer, err := c.ReadFromUDP(buf)
+		n, oobn, _, peer, err := c.ReadMsgUDP(buf, oob)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -181,6 +239,11 @@ func (s *server) udpLoop(ctx context.Context, c *net.UDPConn) error {
 			continue
 		}
 		t1 := monotime.Now()
+		if d, ok := socketDrops(oob[:oobn]); ok && d != dropped {
+			s.em.emit(Event{Time: t1, Kind: KindError, Err: fmt.Sprintf("udp %s: %d datagrams dropped by the probe's own socket "+
+				"(receive buffer full) before this one: the instrument lost them, not the path", c.LocalAddr(), d-dropped)})
+			dropped = d
+		}
 		req, ok := parseRequest(buf[:n])
 		out = out[:0]
 		if !ok {

@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"io"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // answerer is a UDP server on loopback that answers the line protocol as the serve
@@ -174,5 +177,62 @@ func TestUDPRepliesNeedOneSocket(t *testing.T) {
 	c := UDP{Name: "c", To: []Destination{{"S", "10.0.0.1:80"}}, NewSocket: true, Replies: true}
 	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "new-socket") {
 		t.Fatalf("Validate = %v, want an error about new-socket", err)
+	}
+}
+
+// A serve probe's UDP socket gets its large receive buffer (as root), and the
+// kernel's drop counter comes with each datagram: datagrams its full buffer dropped
+// are counted, so the probe can report them as its own loss.
+func TestReceiveQueueCountsDrops(t *testing.T) {
+	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if err := receiveQueue(c); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		raw, _ := c.SyscallConn()
+		var size int
+		_ = raw.Control(func(fd uintptr) { size, err = unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF) })
+		if err != nil || size < UDPReceiveBuffer {
+			t.Fatalf("SO_RCVBUF is %d (%v), want at least %d", size, err, UDPReceiveBuffer)
+		}
+	}
+	// Now a tiny buffer, overrun while nobody reads.
+	if err := c.SetReadBuffer(1); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := net.DialUDP("udp", nil, c.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	for range 100 {
+		if _, err := tx.Write(make([]byte, 512)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Drain what the buffer held (queued before any drop: no count), then the first
+	// datagram queued after the drops carries their count.
+	buf, oob := make([]byte, 2048), make([]byte, unix.CmsgSpace(4))
+	for {
+		_ = c.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if _, _, _, _, err := c.ReadMsgUDP(buf, oob); err != nil {
+			break
+		}
+	}
+	if _, err := tx.Write([]byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(time.Second))
+	_, oobn, _, _, err := c.ReadMsgUDP(buf, oob)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drops, counted := socketDrops(oob[:oobn])
+	if !counted || drops == 0 {
+		t.Fatalf("after 100 datagrams into a full buffer: drop counter %d (present: %v), want > 0", drops, counted)
 	}
 }
