@@ -15,9 +15,9 @@ func init() {
 		Features: []conformance.Feature{conformance.FeatureNetworkPolicy, conformance.FeaturePolicyVerdicts, conformance.FeatureUDP},
 		Description: "A new pod whose label a same-node server's ingress policy admits is never reported denied on its way " +
 			"to that server, not even for its first packets (the flow logs of ORDER-NEW-ENDPOINT's transition).",
-		Transition: "as ORDER-NEW-ENDPOINT: a new pod (role=friend) appears on node-a, where server S admits only friends",
-		Traffic:    "sequence-numbered UDP every 250 µs (`order-interval`) from an existing friend and from the newcomer (from its first possible packet) to S and to the control server D; a restricted pod's UDP to X, which its egress policy denies",
-		Invariant:  "the implementation's policy verdicts (the driver's `events`, drained to the timeline) report no deny on any flow to S, from before the newcomer appears to the window's end; the newcomer goes live (once it reaches D, it reaches S); preconditions: the friend reaches S, and the restricted pod's flow to X is reported denied (the flow log works)",
+		Transition: "as ORDER-NEW-ENDPOINT: five new pods (role=friend) appear one after another, 200 ms apart, on node-a, where server S admits only friends",
+		Traffic:    "sequence-numbered UDP every 250 µs (`order-interval`) from an existing friend and from each new pod (from its first possible packet) to S and to the control server D; a restricted pod's UDP to X, which its egress policy denies",
+		Invariant:  "the implementation's policy verdicts (the driver's `events`, drained to the timeline) report no deny on any flow to S, from before the first new pod appears to the window's end; each new pod goes live (once it reaches D, it reaches S); preconditions: the friend reaches S, and the restricted pod's flow to X is reported denied (the flow log works)",
 		Budgets:    []string{"order-interval", "policy-programmed"},
 		Origin:     "Calico PR 12164, seen in its flow logs: the new workload's first packets were reported denied by a peer whose IP sets did not hold it yet",
 		Catches:    []conformance.FaultCase{{Fault: "attach-before-ipsets", Kinds: []conformance.FailureKind{matchers.KindVerdict}}},
@@ -38,6 +38,7 @@ func noDenyEvents(ctx context.Context, e *conformance.Env) error {
 	if err := waitCells(ctx, e, cell{o.friend, o.s, "udp", true}, cell{r, o.x, "udp", false}); err != nil {
 		return err
 	}
+	arrive, names := arrivals(e, o, friend, o.s, o.d)
 	return e.Run(ctx, conformance.Scenario{
 		Verdicts: true,
 		Traffic: []conformance.Traffic{
@@ -50,11 +51,11 @@ func noDenyEvents(ctx context.Context, e *conformance.Env) error {
 			{Name: "a friend reaches S", Matcher: matchers.DeliverToOnceDeliveredTo("s", "d", matchers.Probes("friend"))},
 			{Name: "a denied flow is reported denied", Matcher: matchers.HaveVerdicts("deny", matchers.Between(r.IP().String(), o.x.IP().String()))},
 		},
-		Transition: newcomer(e, o, "newcomer", map[string]string{roleLabel: friend}, udpTo(e, "newcomer", o.s, o.d)),
+		Transition: arrive,
 		Checks: []conformance.Check{
 			{Name: "no flow to S is reported denied", Matcher: matchers.HaveNoVerdicts("deny", matchers.Between("", o.s.IP().String()))},
-			// Else "no deny" could be that of a pod that never went live.
-			{Name: "the new friend goes live: it reaches S", Matcher: matchers.DeliverToOnceDeliveredTo("s", "d", matchers.Probes("newcomer"))},
+			// Else "no deny" could be that of pods that never went live.
+			{Name: "each new friend goes live: it reaches S", Matcher: matchers.DeliverToOnceDeliveredTo("s", "d", matchers.Probes(names...))},
 		},
 	})
 }
