@@ -33,6 +33,19 @@ var DefaultTimeouts = Timeouts{
 	Cleanup: 60 * time.Second,
 }
 
+// TimeoutsFor returns the contract's budgets on a topology. On one of real nodes (kind,
+// cluster) a start may first have to bring the implementation's image onto the node,
+// as refdp's driver loads its image into the node's containerd on its first start
+// there: that first start ran past 30 s on 2026-12-03 (2-core machine), so start gets
+// 2 minutes there. Every other budget is the same everywhere.
+func TimeoutsFor(topology string) Timeouts {
+	t := DefaultTimeouts
+	if topology == "kind" || topology == "cluster" {
+		t.Start = 2 * time.Minute
+	}
+	return t
+}
+
 // maxOutput caps what is kept of a driver's stdout and stderr.
 const maxOutput = 4 << 20
 

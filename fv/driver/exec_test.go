@@ -186,3 +186,20 @@ func TestExecDriverStartsThroughTheNode(t *testing.T) {
 		t.Fatalf("status with a failing node Start = %v; want an exec error naming it", err)
 	}
 }
+
+// A start on real nodes may first load an image: it gets longer there, and only it.
+func TestTimeoutsFor(t *testing.T) {
+	if got := TimeoutsFor("netns"); got != DefaultTimeouts {
+		t.Fatalf("netns: %+v, want the defaults %+v", got, DefaultTimeouts)
+	}
+	for _, topo := range []string{"kind", "cluster"} {
+		got := TimeoutsFor(topo)
+		if got.Start <= DefaultTimeouts.Start {
+			t.Fatalf("%s: start %v, want more than %v", topo, got.Start, DefaultTimeouts.Start)
+		}
+		got.Start = DefaultTimeouts.Start
+		if got != DefaultTimeouts {
+			t.Fatalf("%s: budgets other than start changed: %+v", topo, got)
+		}
+	}
+}

@@ -78,7 +78,7 @@ func run(args []string) error {
 	defer stop()
 	// Every call, info too, is told the topology: a driver may offer different things
 	// on each (docs/driver.md). A node's own environment says it again.
-	d, err := driver.NewExec(*drv, driver.DefaultTimeouts, append(env, "DPC_TOPOLOGY="+*topology)...)
+	d, err := driver.NewExec(*drv, driver.TimeoutsFor(*topology), append(env, "DPC_TOPOLOGY="+*topology)...)
 	if err != nil {
 		return err
 	}
