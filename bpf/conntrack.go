@@ -4,8 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 )
 
 // DNATFlows names the flows the programs DNATed from a frontend to one backend.
@@ -104,9 +106,17 @@ func dnatFlowEntries(table map[ConntrackKey]ConntrackValue, flows []DNATFlows) [
 // the frontend and delete its entries; a SYN on its tuple picks a backend again.
 // UDP flows are not flagged (DeleteDNATFlows is theirs).
 //
+// Flows that are over are left alone: closed and quiet for ConntrackCloseQuiet,
+// or idle for ConntrackTCPIdleTimeout, as the programs judge a tuple free for a
+// new flow. A busy client leaves thousands of them in the table, and flagging
+// each costs two system calls.
+//
 // It reads the whole table (in batches) once, and each entry again just before
-// flagging it, so what a packet wrote since (its last-seen time, a FIN) is kept
-// but for the packets of that moment. It returns the number of entries flagged.
+// flagging it: what a packet wrote since (its last-seen time, a FIN) is kept, and
+// an entry a SYN has given another backend since (the client reused the tuple for
+// a new flow) is left alone. Only a SYN between that second read and the write is
+// lost: the write brings the old flow back over the new one, whose next packet is
+// then reset. It returns the number of entries flagged.
 func (d *Datapath) MarkDNATFlowsGone(flows []DNATFlows) (int, error) {
 	if len(flows) == 0 {
 		return 0, nil
@@ -115,10 +125,20 @@ func (d *Datapath) MarkDNATFlowsGone(flows []DNATFlows) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("mark DNAT flows gone: %w", err)
 	}
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0, fmt.Errorf("mark DNAT flows gone: read the monotonic clock: %w", err)
+	}
+	return d.markDNATFlowsGone(all, flows, uint64(ts.Nano()))
+}
+
+// markDNATFlowsGone is MarkDNATFlowsGone on all, a snapshot of the table that may
+// be older than the entries it names, taken at now (CLOCK_MONOTONIC ns).
+func (d *Datapath) markDNATFlowsGone(all map[ConntrackKey]ConntrackValue, flows []DNATFlows, now uint64) (int, error) {
 	n := 0
 	var errs []error
 	for _, k := range dnatFlowEntries(all, flows) {
-		if k.Proto != TCP || all[k].Flags&(ConntrackReply|ConntrackSNATReply) != 0 {
+		if k.Proto != TCP || all[k].Flags&(ConntrackReply|ConntrackSNATReply) != 0 || flowOver(all[k], now) {
 			continue
 		}
 		var v ConntrackValue
@@ -127,6 +147,9 @@ func (d *Datapath) MarkDNATFlowsGone(flows []DNATFlows) (int, error) {
 				errs = append(errs, fmt.Errorf("look up conntrack entry %s: %w", k, err))
 			}
 			continue
+		}
+		if v.Flags&ConntrackDNAT == 0 || v.NATAddr != all[k].NATAddr || v.NATPort != all[k].NATPort {
+			continue // a new flow on the tuple, to a backend of the frontend now
 		}
 		v.Flags |= ConntrackBackendGone
 		switch err := d.conntrack.m.Update(k, d.conntrack.value(v), ebpf.UpdateExist); {
@@ -138,4 +161,12 @@ func (d *Datapath) MarkDNATFlowsGone(flows []DNATFlows) (int, error) {
 		}
 	}
 	return n, errors.Join(errs...)
+}
+
+// flowOver reports whether the TCP flow of entry v is over at now, as entry_stale
+// (conntrack.h) judges it: closing (a FIN or RST seen) and quiet since for
+// ConntrackCloseQuiet, or idle for ConntrackTCPIdleTimeout.
+func flowOver(v ConntrackValue, now uint64) bool {
+	idle := time.Duration(int64(now - v.LastSeenNs)) // signed: a packet may be newer than now
+	return v.Flags&ConntrackClosing != 0 && idle > ConntrackCloseQuiet || idle > ConntrackTCPIdleTimeout
 }

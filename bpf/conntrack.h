@@ -260,7 +260,10 @@ static long ct_copy_one(__u32 i, struct ct_copy *c)
 
 /* touch notes a packet on the conntrack entry it matched: when it was seen,
  * and whether it closes (TCP FIN or RST) or restarts (a bare SYN) the flow.
- * Format 2 counts it too. */
+ * A restart ends what was said of the flow before it: that it was closing,
+ * and that its backend had gone (the SYN picks a backend again; if it picks
+ * the same one, back in its service, the entry stays as it is and must not
+ * answer the new flow's handshake with a RST). Format 2 counts it too. */
 static __always_inline void touch(struct ct_value *ct, const struct pkt *p, __u64 now)
 {
 	ct->last_seen_ns = now;
@@ -273,8 +276,8 @@ static __always_inline void touch(struct ct_value *ct, const struct pkt *p, __u6
 	if (p->tcp_flags & (TH_FIN | TH_RST)) {
 		if (!(ct->flags & DPC_CT_CLOSING))
 			ct->flags |= DPC_CT_CLOSING;
-	} else if (is_syn(p) && (ct->flags & DPC_CT_CLOSING)) {
-		ct->flags &= ~DPC_CT_CLOSING;
+	} else if (is_syn(p) && (ct->flags & (DPC_CT_CLOSING | DPC_CT_BACKEND_GONE))) {
+		ct->flags &= ~(DPC_CT_CLOSING | DPC_CT_BACKEND_GONE);
 	}
 }
 

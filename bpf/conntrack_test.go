@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cilium/ebpf"
 )
@@ -247,6 +248,88 @@ func TestGoneBackendFlowClientRSTOrSYN(t *testing.T) {
 		must(t, err)
 		if r = run(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tc.flags).Bytes(), 0); r.Ret != tc.ret {
 			t.Errorf("flags %#x: returned %d, want %d", tc.flags, r.Ret, tc.ret)
+		}
+	}
+}
+
+// A SYN that restarts a flagged tuple and picks the same backend (back in its
+// service: a pod relabeled back, or a pod IP given again) starts a new flow: its
+// handshake is DNATed, not reset.
+func TestGoneBackendFlagEndsWithASYN(t *testing.T) {
+	d := setup(t, Options{})
+	fe := service(t, d, clusterIP, TCP, 7, remotePod)
+	r, got := runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpSYN))
+	expect(t, "SYN", r, got, tcActOK, MarkSeen, clientPod, remotePod)
+	n, err := d.MarkDNATFlowsGone([]DNATFlows{{Frontend: fe, Backend: backend(remotePod)}})
+	must(t, err)
+	if n != 1 {
+		t.Fatalf("flagged %d entries, want 1", n)
+	}
+
+	r, got = runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpSYN))
+	expect(t, "SYN of a new flow on the tuple", r, got, tcActOK, MarkSeen, clientPod, remotePod)
+	if v := ctEntry(t, d, clientPod, clusterIP, TCP); v.Flags&ConntrackBackendGone != 0 {
+		t.Errorf("original entry flags %v after the SYN, want backend-gone cleared", v.Flags)
+	}
+	r, got = runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpACK))
+	expect(t, "the handshake's ACK", r, got, tcActOK, MarkSeen, clientPod, remotePod)
+}
+
+// Flagging re-reads each entry, and leaves one that a SYN gave another backend
+// after the table was read: the client reused the tuple for a new flow, which is
+// not reset. (refdp flagged such flows while a restarted agent walked its table,
+// and new connections got a RST.)
+func TestGoneBackendFlagSkipsARestartedTuple(t *testing.T) {
+	d := setup(t, Options{})
+	fe := service(t, d, clusterIP, TCP, 7, remotePod)
+	r, got := runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpSYN))
+	expect(t, "SYN", r, got, tcActOK, MarkSeen, clientPod, remotePod)
+	all, err := d.conntrack.All()
+	must(t, err)
+
+	service(t, d, clusterIP, TCP, 9, remotePod2)
+	r, got = runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpSYN))
+	expect(t, "SYN of a new flow on the tuple", r, got, tcActOK, MarkSeen, clientPod, remotePod2)
+
+	n, err := d.markDNATFlowsGone(all, []DNATFlows{{Frontend: fe, Backend: backend(remotePod)}}, monotonicNow(t))
+	must(t, err)
+	if n != 0 {
+		t.Errorf("flagged %d entries, want none: the tuple's flow is a new one, to %s", n, remotePod2)
+	}
+	if v := ctEntry(t, d, clientPod, clusterIP, TCP); v.Flags&ConntrackBackendGone != 0 || v.NATAddr != ipp(remotePod2).Addr() {
+		t.Errorf("original entry %+v, want the new flow's, to %s, unflagged", v, remotePod2)
+	}
+	r, got = runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, tcpACK))
+	expect(t, "the new flow's ACK", r, got, tcActOK, MarkSeen, clientPod, remotePod2)
+}
+
+// A flow that is over (closed and quiet, or idle) is not flagged: its client has
+// nothing left to send, and a SYN on its tuple is a new flow.
+func TestGoneBackendFlagSkipsFlowsThatAreOver(t *testing.T) {
+	d := setup(t, Options{})
+	fe := service(t, d, clusterIP, TCP, 7, remotePod)
+	flows := []DNATFlows{{Frontend: fe, Backend: backend(remotePod)}}
+	for _, flags := range []uint8{tcpSYN, tcpFIN | tcpACK} {
+		r, _ := runPacket(t, d.objs.TcEpIngress, tcp(clientPod, clusterIP, flags))
+		if r.Ret != tcActOK {
+			t.Fatalf("flags %#x: returned %d", flags, r.Ret)
+		}
+	}
+	all, err := d.conntrack.All()
+	must(t, err)
+	seen := ctEntry(t, d, clientPod, clusterIP, TCP).LastSeenNs
+
+	for _, tc := range []struct {
+		after time.Duration
+		want  int
+	}{
+		{ConntrackCloseQuiet + time.Millisecond, 0},
+		{ConntrackCloseQuiet / 2, 1},
+	} {
+		n, err := d.markDNATFlowsGone(all, flows, seen+uint64(tc.after))
+		must(t, err)
+		if n != tc.want {
+			t.Errorf("closing flow, %v after its FIN: flagged %d entries, want %d", tc.after, n, tc.want)
 		}
 	}
 }

@@ -121,10 +121,10 @@ struct ct_key {
 #define DPC_CT_INGRESS_OK   (1U << 6)
 /* The flow's backend has left its service and is not listed any more (its pod
  * went): set by the agent on the original entry of a TCP DNAT flow. The
- * client's next packet on it (other than a SYN, which picks a backend again)
- * is answered with a RST from the frontend, and the flow's entries go: a
- * backend that vanished without closing its connections would leave the
- * client waiting in silence. */
+ * client's next packet on it (other than a SYN, which picks a backend again
+ * and clears the flag) is answered with a RST from the frontend, and the
+ * flow's entries go: a backend that vanished without closing its connections
+ * would leave the client waiting in silence. */
 #define DPC_CT_BACKEND_GONE (1U << 7)
 
 /*

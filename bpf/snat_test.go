@@ -7,8 +7,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // mix32 and flowHash mirror the C functions, on the tuple as a
@@ -41,14 +39,6 @@ func snatCandidates(client, backend string, proto Proto) []uint16 {
 		ports[i] = uint16(SNATPortMin + (h+uint32(i))%(SNATPortMax-SNATPortMin+1))
 	}
 	return ports
-}
-
-// monoNow is bpf_ktime_get_ns() as seen from user space.
-func monoNow(t *testing.T) uint64 {
-	t.Helper()
-	var ts unix.Timespec
-	must(t, unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts))
-	return uint64(ts.Nano())
 }
 
 // snatKey is the key of the SNAT reply entry for port: backend -> host IP.
@@ -126,7 +116,7 @@ func TestSNATCandidatesMatchDatapath(t *testing.T) {
 
 func TestSNATPortReuse(t *testing.T) {
 	const second = uint64(time.Second)
-	up := monoNow(t)
+	up := monotonicNow(t)
 	for _, tc := range []struct {
 		name     string
 		proto    Proto
@@ -151,7 +141,7 @@ func TestSNATPortReuse(t *testing.T) {
 			d := setup(t, Options{})
 			service(t, d, nodePort, tc.proto, 4, remotePod)
 			cands := snatCandidates(client, remotePod, tc.proto)
-			now := monoNow(t)
+			now := monotonicNow(t)
 			// All candidates taken, by entries seen tc.age ago, except
 			// that the one at index 17 is the least recently seen.
 			const lru = 17
@@ -248,7 +238,7 @@ func TestConntrackClosing(t *testing.T) {
 				t.Fatalf("closing before any FIN or RST: %+v %+v %+v", fwd, rev, sn)
 			}
 
-			now := monoNow(t)
+			now := monotonicNow(t)
 			var r result
 			var got packet
 			if tc.fromBackend {
@@ -318,7 +308,7 @@ func TestSNATReusedPortNotHijacked(t *testing.T) {
 	if newClient == "" {
 		t.Fatal("no client port whose SNAT candidates include", port)
 	}
-	now := monoNow(t)
+	now := monotonicNow(t)
 	for i, c := range cands {
 		if c != port {
 			must(t, d.Conntrack().Put(snatKey(remotePod, c, TCP), otherFlow(i, 0, now)))
@@ -367,7 +357,7 @@ func TestSNATPortUncheckedFault(t *testing.T) {
 			d := setup(t, Options{SNATPortUnchecked: true})
 			service(t, d, nodePort, TCP, 4, remotePod)
 			cands := snatCandidates(client, remotePod, TCP)
-			now := monoNow(t)
+			now := monotonicNow(t)
 			for i, port := range cands {
 				if i != freeAt {
 					must(t, d.Conntrack().Put(snatKey(remotePod, port, TCP), otherFlow(i, 0, now)))

@@ -22,6 +22,7 @@ func verdicts(t *testing.T, d *Datapath) *VerdictReader {
 	return r
 }
 
+// monotonicNow is bpf_ktime_get_ns() as seen from user space.
 func monotonicNow(t *testing.T) uint64 {
 	t.Helper()
 	var ts unix.Timespec
