@@ -316,11 +316,15 @@ func readLine(conn net.Conn, buf []byte) (line []byte, eof bool, err error) {
 type schedule struct {
 	interval time.Duration
 	next     monotime.Time
-	timer    *time.Timer
+	timer    *time.Timer // nil under preciseBelow
 }
 
 func newSchedule(interval time.Duration) *schedule {
-	return &schedule{interval: interval, next: monotime.Now(), timer: time.NewTimer(time.Hour)}
+	s := &schedule{interval: interval, next: monotime.Now()}
+	if interval >= preciseBelow {
+		s.timer = time.NewTimer(time.Hour)
+	}
+	return s
 }
 
 // preciseBelow is the interval under which a schedule sleeps in the kernel.
@@ -328,7 +332,7 @@ const preciseBelow = time.Millisecond
 
 // wait blocks until the next slot; false when ctx is done.
 func (s *schedule) wait(ctx context.Context) bool {
-	if d := monotime.Until(s.next); d > 0 && s.interval < preciseBelow {
+	if d := monotime.Until(s.next); d > 0 && s.timer == nil {
 		// At most an interval: ctx is checked before and after.
 		if ctx.Err() != nil {
 			return false
@@ -354,4 +358,8 @@ func (s *schedule) wait(ctx context.Context) bool {
 	return true
 }
 
-func (s *schedule) stop() { s.timer.Stop() }
+func (s *schedule) stop() {
+	if s.timer != nil {
+		s.timer.Stop()
+	}
+}
