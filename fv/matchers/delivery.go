@@ -30,13 +30,13 @@ func receivers(w timeline.Window, o options) error {
 }
 
 // senders returns the selected client probes (connect, stream, udp) and checks that
-// they reported up to the window end.
+// they reported up to the window end (or, with SendersMayStop, stopped cleanly).
 func senders(w timeline.Window, o options, roles ...probe.Role) (map[string]bool, error) {
 	ps := probesOf(w)
 	names := map[string]bool{}
 	for _, r := range roles {
 		for _, p := range ofRole(ps, r, o) {
-			if err := covers(w, p, false, w.End); err != nil {
+			if err := coversOr(w, p, false, w.End, o.mayStop); err != nil {
 				return nil, err
 			}
 			names[p.name] = true
@@ -54,7 +54,7 @@ func senders(w timeline.Window, o options, roles ...probe.Role) (map[string]bool
 // a flow that policy denies. With OnBackends only what those backends received or
 // answered counts: nothing reaches a backend a Service no longer has. Options: Probes
 // (the senders), To (destination labels or addresses), OnBackends, Grace, Context,
-// From.
+// From, SendersMayStop.
 func HaveZeroDelivered(opts ...Option) Matcher {
 	return newMatcher("nothing delivered", KindDelivered, opts, func(w timeline.Window, o options) (outcome, error) {
 		from, err := senders(w, o, probe.RoleConnect, probe.RoleStream, probe.RoleUDP)
@@ -162,7 +162,7 @@ func HaveZeroDelivered(opts ...Option) Matcher {
 // Each sender is judged on its own first delivery to control, and each must have one:
 // when a sender has no datagram to control delivered in the window the precondition
 // fails (its silence on target would prove nothing). Options: Probes (the udp
-// senders), Grace, Context.
+// senders), Grace, Context, SendersMayStop.
 func DeliverToOnceDeliveredTo(target, control string, opts ...Option) Matcher {
 	what := fmt.Sprintf("every datagram to %s delivered once one to %s is", target, control)
 	return newMatcher(what, KindLost, opts, func(w timeline.Window, o options) (outcome, error) {

@@ -153,6 +153,7 @@ type options struct {
 	context    time.Duration
 	fromEvent  string // with From: judge only from fromAfter past this event
 	fromAfter  time.Duration
+	mayStop    bool // senders that stopped cleanly are judged on what they sent
 }
 
 // Defaults of the options.
@@ -171,6 +172,15 @@ func defaults() options {
 // delivery matchers). Default: every probe of the role the matcher is about.
 func Probes(names ...string) Option {
 	return func(o *options) { o.probes = append(o.probes, names...) }
+}
+
+// SendersMayStop lets the selected senders stop before the window ends: one that
+// stopped cleanly (its probe asked to stop, and exited so) is judged on what it sent,
+// for it sent nothing after. For the delivery matchers of a spec that stops a sender
+// once it has served its purpose (a new pod's first packets); any other sender must
+// report through the window's end.
+func SendersMayStop() Option {
+	return func(o *options) { o.mayStop = true }
 }
 
 // Backends lists the servers allowed to answer; an answer from another one is a failed
@@ -436,6 +446,7 @@ type probeState struct {
 	role     probe.Role
 	ready    monotime.Time
 	reported monotime.Time // latest watermark or clean stop
+	stopped  bool          // reported its stop (KindDone)
 	exit     *probe.Event
 	errs     []probe.Event
 }
@@ -461,6 +472,7 @@ func probesOf(w timeline.Window) map[string]*probeState {
 			p.role = e.Role
 		case probe.KindMark, probe.KindDone:
 			p.reported = max(p.reported, e.Time)
+			p.stopped = p.stopped || e.Kind == probe.KindDone
 		case probe.KindExit:
 			p.exit = e
 		case probe.KindError:
@@ -500,13 +512,25 @@ func ofRole(ps map[string]*probeState, role probe.Role, o options) []*probeState
 // covers checks that probe p reported everything up to through and, with
 // fromStart, was ready by the window start.
 func covers(w timeline.Window, p *probeState, fromStart bool, through monotime.Time) error {
+	return coversOr(w, p, fromStart, through, false)
+}
+
+// stoppedCleanly reports whether p stopped when asked and exited so: everything it
+// did is on the timeline.
+func (p *probeState) stoppedCleanly() bool {
+	return p.stopped && p.exit != nil && p.exit.Outcome == probe.OK
+}
+
+// coversOr is covers, which with mayStop also accepts a probe that stopped cleanly
+// before through.
+func coversOr(w timeline.Window, p *probeState, fromStart bool, through monotime.Time, mayStop bool) error {
 	if p.ready == 0 {
 		return fmt.Errorf("probe %s never reported ready", p.name)
 	}
 	if fromStart && p.ready > w.Start {
 		return fmt.Errorf("probe %s was ready only %s, after the window start", p.name, w.Relative(p.ready))
 	}
-	if p.reported >= through {
+	if p.reported >= through || mayStop && p.stoppedCleanly() {
 		return nil
 	}
 	why := "it is still running: wait for its watermark (Process.WaitMark) or stop it before checking"

@@ -140,6 +140,28 @@ func udpFrom(tl *timeline.Timeline, name string, delivered func(label string, ms
 	}
 }
 
+// stoppedFrom adds a udp sender to udp's servers that sends from 2 s to 3 s, then
+// reports its stop and exits with outcome exit.
+func stoppedFrom(tl *timeline.Timeline, name string, exit probe.Outcome, delivered func(label string, ms float64) bool) {
+	tl.Add(probe.Event{Time: at(1950), Kind: probe.KindReady, Probe: name, Role: probe.RoleUDP})
+	seq := uint64(0)
+	for ms := 2000.0; ms < 3000; ms++ {
+		seq++
+		label, srv := "S", "s"
+		if seq%2 == 0 {
+			label, srv = "D", "d"
+		}
+		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: name, Seq: seq, Target: label, Outcome: probe.OK})
+		if delivered(label, ms) {
+			tl.Add(probe.Event{Time: at(ms), End: at(ms + 0.1), Kind: probe.KindRecv, Probe: srv, Seq: seq, From: name, Target: label, Proto: "udp", Backend: srv})
+		}
+	}
+	if exit == probe.OK {
+		tl.Add(probe.Event{Time: at(3000), Kind: probe.KindDone, Probe: name})
+	}
+	tl.Add(probe.Event{Time: at(3001), Kind: probe.KindExit, Probe: name, Outcome: exit})
+}
+
 type check struct {
 	name      string
 	build     func(tl *timeline.Timeline)
@@ -542,6 +564,35 @@ func TestDeliverToOnceDeliveredTo(t *testing.T) {
 		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
 		verdict: matchers.Violation, figure: "lost_after_control", figureVal: 9,
 		contains: []string{"9 of", "from q to S"},
+	}, {
+		// A sender the spec stopped once it was live: judged on what it sent with
+		// SendersMayStop, an instrument error without it, and so is one that crashed.
+		name: "judges a sender that stopped cleanly, with SendersMayStop",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return ms >= 2300 })
+			stoppedFrom(tl, "q", probe.OK, func(label string, ms float64) bool { return label == "D" && ms >= 2400 || ms >= 2420 })
+		},
+		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D", matchers.SendersMayStop()) },
+		verdict: matchers.Violation, figure: "lost_after_control", figureVal: 9,
+		contains: []string{"9 of", "from q to S"},
+	}, {
+		name: "is an instrument error when a sender stopped, without SendersMayStop",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return ms >= 2300 })
+			stoppedFrom(tl, "q", probe.OK, func(label string, ms float64) bool { return ms >= 2400 })
+		},
+		matcher:  func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
+		verdict:  matchers.Instrument,
+		contains: []string{"probe q has reported only up to"},
+	}, {
+		name: "is an instrument error when a sender crashed, with SendersMayStop",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return ms >= 2300 })
+			stoppedFrom(tl, "q", probe.Crashed, func(label string, ms float64) bool { return ms >= 2400 })
+		},
+		matcher:  func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D", matchers.SendersMayStop()) },
+		verdict:  matchers.Instrument,
+		contains: []string{"probe q has reported only up to", "its process ended"},
 	}, {
 		// What the receiver's own socket dropped would look like the path's loss.
 		name: "is an instrument error when a receiver's socket dropped datagrams",

@@ -6,8 +6,10 @@
 package timeline
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -44,6 +46,13 @@ type Timeline struct {
 	transitions  []Transition
 	verdicts     []Verdict
 	verdictMarks map[string]monotime.Time // node -> verdicts reported through
+	awaits       []*await
+}
+
+// await is a caller of Await waiting for an event that matches.
+type await struct {
+	match func(probe.Event) bool
+	found chan probe.Event // buffered: Add never blocks on it
 }
 
 // New returns an empty Timeline.
@@ -53,7 +62,46 @@ func New() *Timeline { return &Timeline{} }
 func (tl *Timeline) Add(e probe.Event) {
 	tl.mu.Lock()
 	tl.events = append(tl.events, e)
+	if len(tl.awaits) > 0 {
+		tl.awaits = slices.DeleteFunc(tl.awaits, func(a *await) bool {
+			if !a.match(e) {
+				return false
+			}
+			a.found <- e
+			return true
+		})
+	}
 	tl.mu.Unlock()
+}
+
+// Await returns the first probe event, already added or added later, for which match
+// returns true, or ctx's error. match is called with the timeline locked, on every
+// event added while it waits: keep it cheap.
+func (tl *Timeline) Await(ctx context.Context, match func(probe.Event) bool) (probe.Event, error) {
+	tl.mu.Lock()
+	for _, e := range tl.events {
+		if match(e) {
+			tl.mu.Unlock()
+			return e, nil
+		}
+	}
+	a := &await{match: match, found: make(chan probe.Event, 1)}
+	tl.awaits = append(tl.awaits, a)
+	tl.mu.Unlock()
+	select {
+	case e := <-a.found:
+		return e, nil
+	case <-ctx.Done():
+		tl.mu.Lock()
+		tl.awaits = slices.DeleteFunc(tl.awaits, func(b *await) bool { return b == a })
+		tl.mu.Unlock()
+		select {
+		case e := <-a.found: // matched meanwhile
+			return e, nil
+		default:
+			return probe.Event{}, ctx.Err()
+		}
+	}
 }
 
 // Record stamps a transition event now and returns its time.
