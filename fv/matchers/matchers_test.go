@@ -126,8 +126,14 @@ func udp(tl *timeline.Timeline, delivered func(label string, ms float64) bool) {
 // udpFrom adds a udp sender to udp's servers S and D.
 func udpFrom(tl *timeline.Timeline, name string, delivered func(label string, ms float64) bool) {
 	lifecycle(tl, name, probe.RoleUDP, 450, 6000)
+	udpSends(tl, name, 500, 5900, delivered)
+}
+
+// udpSends adds what sender name sends from fromMs to toMs, a datagram a millisecond,
+// to S and D in turn, and what of it udp's servers receive.
+func udpSends(tl *timeline.Timeline, name string, fromMs, toMs float64, delivered func(label string, ms float64) bool) {
 	seq := uint64(0)
-	for ms := 500.0; ms < 5900; ms++ {
+	for ms := fromMs; ms < toMs; ms++ {
 		seq++
 		label, srv := "S", "s"
 		if seq%2 == 0 {
@@ -144,18 +150,7 @@ func udpFrom(tl *timeline.Timeline, name string, delivered func(label string, ms
 // reports its stop and exits with outcome exit.
 func stoppedFrom(tl *timeline.Timeline, name string, exit probe.Outcome, delivered func(label string, ms float64) bool) {
 	tl.Add(probe.Event{Time: at(1950), Kind: probe.KindReady, Probe: name, Role: probe.RoleUDP})
-	seq := uint64(0)
-	for ms := 2000.0; ms < 3000; ms++ {
-		seq++
-		label, srv := "S", "s"
-		if seq%2 == 0 {
-			label, srv = "D", "d"
-		}
-		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: name, Seq: seq, Target: label, Outcome: probe.OK})
-		if delivered(label, ms) {
-			tl.Add(probe.Event{Time: at(ms), End: at(ms + 0.1), Kind: probe.KindRecv, Probe: srv, Seq: seq, From: name, Target: label, Proto: "udp", Backend: srv})
-		}
-	}
+	udpSends(tl, name, 2000, 3000, delivered)
 	if exit == probe.OK {
 		tl.Add(probe.Event{Time: at(3000), Kind: probe.KindDone, Probe: name})
 	}
