@@ -80,6 +80,10 @@ type SpecReport struct {
 	Kind     string     `json:"kind,omitempty"`
 	Reason   string     `json:"reason,omitempty"`
 	Duration string     `json:"duration"`
+	// Phases is where that time went: the time in each phase of the run (of every
+	// run together, for a spec that ran more than once): the topology's set-up, the
+	// implementation's start until ready, the workloads, and each scenario's phases.
+	Phases []PhaseReport `json:"phases,omitempty"`
 	// Passes is "k of N" for a spec that ran N > 1 times: it passed only if all did.
 	Passes string `json:"passes,omitempty"`
 	// Runs are each run's result, in order, for a spec that ran more than once.
@@ -185,6 +189,20 @@ func spread(runs []Result) []FigureSpread {
 		f := first[k]
 		out = append(out, FigureSpread{Check: names[k], Figure: k.figure, Unit: f.Unit, Budget: f.Budget, Runs: len(vs),
 			Min: vs[0], Median: med, Max: vs[len(vs)-1], OverBudget: over[k]})
+	}
+	return out
+}
+
+// PhaseReport is the time a spec spent in one phase.
+type PhaseReport struct {
+	Phase    Phase  `json:"phase"`
+	Duration string `json:"duration"`
+}
+
+func phaseReports(pts []PhaseTime) []PhaseReport {
+	var out []PhaseReport
+	for _, pt := range pts {
+		out = append(out, PhaseReport{Phase: pt.Phase, Duration: pt.Duration.String()})
 	}
 	return out
 }
@@ -322,7 +340,7 @@ func notPassed(p ProfileReport) string {
 }
 
 func specReport(r Result) SpecReport {
-	sr := SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics, Starts: r.Starts, Timeline: filepath.ToSlash(r.Timeline), Void: r.Void}
+	sr := SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics, Starts: r.Starts, Timeline: filepath.ToSlash(r.Timeline), Void: r.Void, Phases: phaseReports(r.Phases)}
 	if len(r.Runs) > 0 {
 		k, n := r.Passes()
 		sr.Passes, sr.ChecksFromRun = fmt.Sprintf("%d of %d", k, n), r.ChecksFrom

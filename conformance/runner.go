@@ -115,6 +115,9 @@ type Result struct {
 	// directory; of a spec that ran more than once, the timeline of the run whose
 	// checks it carries (each run keeps its own in Runs).
 	Timeline string `json:"timeline,omitempty"`
+	// Phases is how long the run spent in each phase (of a spec that ran more than
+	// once, of its runs together): where its time went.
+	Phases []PhaseTime `json:"phases,omitempty"`
 	// Void are the reasons of runs that were void, each run again in a fresh world:
 	// a probe was blind (matchers.ErrBlind, the machine did not run it) and no check
 	// had failed, or the control flow was blind, so the run measured nothing either
@@ -340,6 +343,7 @@ func combine(runs []Result) Result {
 			}
 		}
 	}
+	res.Phases = sumPhases(runs)
 	kept := len(runs) - 1
 	switch {
 	case count[Failed] > 0:
@@ -394,6 +398,15 @@ func (r *Runner) runOnce(ctx context.Context, s Spec, run, runs int, phase func(
 	diagnostics := diagnosticsDir(s.ID, run, runs)
 	start := time.Now()
 	defer func() { res.Duration = time.Since(start).Round(time.Millisecond) }()
+	// Where the run's time went, teardown included: this runs after every other
+	// deferred step but the duration's.
+	clock := newPhaseClock()
+	defer func() { res.Phases = clock.stop() }()
+	progress := phase
+	phase = func(p Phase) {
+		clock.enter(p)
+		progress(p)
+	}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.SpecTimeout)
 	defer cancel()
 

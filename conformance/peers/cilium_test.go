@@ -2,17 +2,13 @@ package peers
 
 import (
 	"os"
-	"path/filepath"
-	"slices"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/matchers"
-	"github.com/dpconform/dpconform/fv/probe"
 )
 
 // knownCilium lists the documented Cilium behaviours a Core spec may fail on, by the
@@ -52,33 +48,9 @@ var _ = Describe("cilium", Ordered, ContinueOnFailure, func() {
 			continue
 		}
 		It("passes "+s.ID, func(ctx SpecContext) {
-			d := drivertest.NewExec(ciliumDriver)
-			prog, err := probe.Self()
-			Expect(err).NotTo(HaveOccurred())
-			// SVC-SNAT-PRESSURE's churn at 15 s, as for kube-proxy and in the
-			// self-test: to keep make test within its time.
-			b := conformance.DefaultBudgets
-			b.SNATChurn = 15 * time.Second
-			r, err := conformance.NewRunner(ctx, conformance.Config{
-				Driver: d, Probe: prog, Budgets: b, ControlPlanes: controlPlanes,
-				OutputDir: filepath.Join("..", "..", "_output", "cilium", s.ID),
-				Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
-			})
-			Expect(err).NotTo(HaveOccurred())
-			begin := time.Now()
-			res := r.Run(ctx, s)
-			AddReportEntry("duration", time.Since(begin).Round(time.Second).String())
-			GinkgoWriter.Printf("%s against cilium: %s %s\n", s.ID, res.Result, res.Reason)
-			if res.Result == conformance.Failed {
-				known := knownCilium[s.ID]
-				for _, k := range res.FailedKinds() {
-					Expect(known).To(ContainElement(k), "%s failed against Cilium in a way docs/cilium.md does not document: %s\n%s", s.ID, res.Reason, res.Message)
-				}
-				AddReportEntry("known Cilium behaviour", res.Reason)
-				return
-			}
-			Expect(res.Result).To(Equal(conformance.Passed), "%s: %s\n%s", res.Result, res.Reason, res.Message)
-			Expect(slices.ContainsFunc(res.Checks, func(c conformance.CheckResult) bool { return !c.Pre })).To(BeTrue(), "a pass with no check is no pass")
+			res := runPeer(ctx, drivertest.NewExec(ciliumDriver), "cilium", s, snatChurnShort(), "cilium", s.ID)
+			AddReportEntry("duration", res.Duration.Round(time.Second).String())
+			expectPassedOrKnown(res, "Cilium", "docs/cilium.md", knownCilium[s.ID])
 		}, SpecTimeout(8*time.Minute))
 	}
 })

@@ -5,7 +5,6 @@ package peers
 
 import (
 	"os"
-	"path/filepath"
 	"slices"
 	"testing"
 	"time"
@@ -43,6 +42,7 @@ var (
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
 	kubeProxyDriver = drivertest.Build(ctx, "conformance/cmd/kube-proxy-driver")
+	Expect(os.RemoveAll(phaseLog.Path)).To(Succeed())
 	controlPlanes = netns.NewControlPlanes("", func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) })
 	DeferCleanup(func() { Expect(controlPlanes.Close()).To(Succeed()) })
 }, NodeTimeout(5*time.Minute))
@@ -99,30 +99,9 @@ var _ = Describe("kube-proxy", func() {
 			}
 			It("in "+mode+" mode passes "+s.ID, func(ctx SpecContext) {
 				d := drivertest.NewExec(kubeProxyDriver, "DPC_KUBE_PROXY_MODE="+mode)
-				prog, err := probe.Self()
-				Expect(err).NotTo(HaveOccurred())
-				// SVC-SNAT-PRESSURE's churn at 15 s, as in the self-test: to keep make test
-				// within its time (docs/kube-proxy.md).
-				b := conformance.DefaultBudgets
-				b.SNATChurn = 15 * time.Second
-				r, err := conformance.NewRunner(ctx, conformance.Config{
-					Driver: d, Probe: prog, Budgets: b, ControlPlanes: controlPlanes,
-					OutputDir: filepath.Join("..", "..", "_output", "kube-proxy", mode, s.ID),
-					Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
-				})
-				Expect(err).NotTo(HaveOccurred())
-				res := r.Run(ctx, s)
-				GinkgoWriter.Printf("%s against kube-proxy (%s): %s %s\n", s.ID, mode, res.Result, res.Reason)
-				if res.Result == conformance.Failed {
-					known := slices.Concat(knownKubeProxy[s.ID], knownKubeProxyIn[mode][s.ID])
-					for _, k := range res.FailedKinds() {
-						Expect(known).To(ContainElement(k), "%s failed against kube-proxy in a way docs/kube-proxy.md does not document: %s\n%s", s.ID, res.Reason, res.Message)
-					}
-					AddReportEntry("known kube-proxy behaviour", res.Reason)
-					return
-				}
-				Expect(res.Result).To(Equal(conformance.Passed), "%s: %s\n%s", res.Result, res.Reason, res.Message)
-				Expect(slices.ContainsFunc(res.Checks, func(c conformance.CheckResult) bool { return !c.Pre })).To(BeTrue(), "a pass with no check is no pass")
+				res := runPeer(ctx, d, "kube-proxy-"+mode, s, snatChurnShort(), "kube-proxy", mode, s.ID)
+				known := slices.Concat(knownKubeProxy[s.ID], knownKubeProxyIn[mode][s.ID])
+				expectPassedOrKnown(res, "kube-proxy", "docs/kube-proxy.md", known)
 			}, SpecTimeout(6*time.Minute))
 		}
 	}

@@ -1,17 +1,13 @@
 package peers
 
 import (
-	"path/filepath"
-	"slices"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/matchers"
-	"github.com/dpconform/dpconform/fv/probe"
 )
 
 // knownKubeRouter lists the documented kube-router behaviours a Policy spec may fail
@@ -40,27 +36,8 @@ var _ = Describe("kube-router", Ordered, func() {
 			continue
 		}
 		It("passes "+s.ID, func(ctx SpecContext) {
-			d := drivertest.NewExec(kubeRouterDriver)
-			prog, err := probe.Self()
-			Expect(err).NotTo(HaveOccurred())
-			r, err := conformance.NewRunner(ctx, conformance.Config{
-				Driver: d, Probe: prog, ControlPlanes: controlPlanes,
-				OutputDir: filepath.Join("..", "..", "_output", "kube-router", s.ID),
-				Logf:      func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) },
-			})
-			Expect(err).NotTo(HaveOccurred())
-			res := r.Run(ctx, s)
-			GinkgoWriter.Printf("%s against kube-router: %s %s\n", s.ID, res.Result, res.Reason)
-			if res.Result == conformance.Failed {
-				known := knownKubeRouter[s.ID]
-				for _, k := range res.FailedKinds() {
-					Expect(known).To(ContainElement(k), "%s failed against kube-router in a way docs/kube-router.md does not document: %s\n%s", s.ID, res.Reason, res.Message)
-				}
-				AddReportEntry("known kube-router behaviour", res.Reason)
-				return
-			}
-			Expect(res.Result).To(Equal(conformance.Passed), "%s: %s\n%s", res.Result, res.Reason, res.Message)
-			Expect(slices.ContainsFunc(res.Checks, func(c conformance.CheckResult) bool { return !c.Pre })).To(BeTrue(), "a pass with no check is no pass")
+			res := runPeer(ctx, drivertest.NewExec(kubeRouterDriver), "kube-router", s, conformance.Budgets{}, "kube-router", s.ID)
+			expectPassedOrKnown(res, "kube-router", "docs/kube-router.md", knownKubeRouter[s.ID])
 		}, SpecTimeout(15*time.Minute))
 	}
 })

@@ -45,6 +45,9 @@ var (
 	// controlPlanes serves every run of the self-test, reset between runs; the stub
 	// runs that go two at a time borrow two.
 	controlPlanes *netns.ControlPlanes
+	// phaseLog keeps a line per run with the time it spent in each phase
+	// (_output/selftest/phases.tsv): where the self-test's time goes.
+	phaseLog = &conformance.PhaseLog{Path: filepath.Join("..", "..", "_output", "selftest", "phases.tsv")}
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
@@ -52,6 +55,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	var err error
 	bins, err = buildbin.Build(ctx, GinkgoT().TempDir(), "reference/cmd/refdp", "reference/cmd/refdp-driver")
 	Expect(err).NotTo(HaveOccurred())
+	Expect(os.RemoveAll(phaseLog.Path)).To(Succeed())
 	controlPlanes = netns.NewControlPlanes("", func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) })
 	DeferCleanup(func() { Expect(controlPlanes.Close()).To(Succeed()) })
 }, NodeTimeout(5*time.Minute))
@@ -109,6 +113,10 @@ func run(ctx context.Context, s conformance.Spec, path, name string, budgets con
 	}
 	res := r.Run(ctx, s)
 	GinkgoWriter.Printf("%s with %s: %s %s\n", s.ID, name, res.Result, res.Reason)
+	GinkgoWriter.Printf("%s with %s took %s: %s\n", s.ID, name, res.Duration, conformance.PhasesString(res.Phases))
+	if err := phaseLog.Add(name, res); err != nil {
+		GinkgoWriter.Printf("phase log: %v\n", err)
+	}
 	return res, nil
 }
 

@@ -304,7 +304,7 @@ func arrivals(e *conformance.Env, o *orderWorld, role string, to ...topologies.P
 				return ctx.Err()
 			case <-t.C:
 			}
-			if err := (*proc).Stop(ctx); err != nil {
+			if err := e.World.StopProbe(ctx, *proc); err != nil {
 				return fmt.Errorf("%w: stop %s's probe: %w", conformance.ErrEnvironment, name, err)
 			}
 			return nil
