@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dpconform/dpconform/fv/probe"
 )
 
 // Budgets are every limit and rate the suite holds an implementation to, in one place
@@ -25,7 +27,7 @@ type Budgets struct {
 	SteadyState time.Duration `budget:"steady-state"`
 	// ConnectInterval is the period of new connections (a finer probe catches shorter
 	// windows; 2 ms catches Calico 12192's 80 ms window every time).
-	ConnectInterval time.Duration `budget:"connect-interval"`
+	ConnectInterval time.Duration `budget:"connect-interval" probe:"schedule"`
 	// AttemptTimeout is how long a connection attempt may take before it fails: more
 	// than a SYN retransmit would be a stall no client tolerates.
 	AttemptTimeout time.Duration `budget:"attempt-timeout"`
@@ -33,7 +35,7 @@ type Budgets struct {
 	// before it is called blind (an environment error, not a verdict).
 	MaxBlind time.Duration `budget:"max-blind"`
 	// StreamInterval is the period of messages on a long-lived stream.
-	StreamInterval time.Duration `budget:"stream-interval"`
+	StreamInterval time.Duration `budget:"stream-interval" probe:"schedule"`
 	// StreamMaxGap is the longest a stream may go without an echo across a transition.
 	StreamMaxGap time.Duration `budget:"stream-max-gap"`
 	// AliveWithin is how recent a stream's last echo must be at a window's end for it
@@ -81,10 +83,10 @@ type Budgets struct {
 	// WarmStreak is how many new connections in a row must reach the right backend for
 	// a flow to count as programmed; WarmInterval is their period.
 	WarmStreak   int           `budget:"warm-streak"`
-	WarmInterval time.Duration `budget:"warm-interval"`
+	WarmInterval time.Duration `budget:"warm-interval" probe:"schedule"`
 	// ControlInterval is the period of the control flow, which crosses no dataplane
 	// and watches the environment; ControlMaxBlind is its blind limit.
-	ControlInterval time.Duration `budget:"control-interval"`
+	ControlInterval time.Duration `budget:"control-interval" probe:"schedule"`
 	ControlMaxBlind time.Duration `budget:"control-max-blind"`
 	// PolicyProgrammed bounds the wait, after a policy case's NetworkPolicies are
 	// written, for the observed connectivity to match the expected (implementations
@@ -104,7 +106,7 @@ type Budgets struct {
 	// OrderInterval is the period of the ordering specs' probes (a new pod's
 	// datagrams, a client's new connections while its policy is replaced): their
 	// windows can be a few milliseconds, and a finer probe catches a shorter one.
-	OrderInterval time.Duration `budget:"order-interval"`
+	OrderInterval time.Duration `budget:"order-interval" probe:"schedule"`
 	// SNATChurn is how long SVC-SNAT-PRESSURE's short connections churn source ports
 	// through a NodePort to a remote backend, at one per ConnectInterval, while its
 	// streams run: long enough that a dataplane's SNAT port range fills and its ports
@@ -158,7 +160,8 @@ func (b *Budgets) Set(assignment string) error {
 	if !ok {
 		return fmt.Errorf("budget %q: want name=value, e.g. ready=90s (budgets: %s)", assignment, strings.Join(BudgetNames(), ", "))
 	}
-	v := reflect.ValueOf(b).Elem()
+	nb := *b
+	v := reflect.ValueOf(&nb).Elem()
 	for i := 0; i < v.NumField(); i++ {
 		if v.Type().Field(i).Tag.Get("budget") != name {
 			continue
@@ -178,9 +181,30 @@ func (b *Budgets) Set(assignment string) error {
 			}
 			f.SetInt(int64(n))
 		}
+		if err := nb.Validate(); err != nil {
+			return err
+		}
+		*b = nb
 		return nil
 	}
 	return fmt.Errorf("unknown budget %q; budgets: %s", name, strings.Join(BudgetNames(), ", "))
+}
+
+// Validate refuses budgets a run cannot keep: a probe's schedule (a budget tagged
+// probe:"schedule") shorter than the shortest a probe runs, which would otherwise be
+// found only when the spec's first probe started, after its world was set up.
+func (b Budgets) Validate() error {
+	v := reflect.ValueOf(b)
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		if t.Field(i).Tag.Get("probe") != "schedule" {
+			continue
+		}
+		if d := time.Duration(v.Field(i).Int()); d < probe.MinInterval {
+			return fmt.Errorf("budget %s=%s: a probe's schedule cannot be shorter than %s; set it to %s or more", t.Field(i).Tag.Get("budget"), d, probe.MinInterval, probe.MinInterval)
+		}
+	}
+	return nil
 }
 
 // BudgetNames lists the budgets' names, in their order in Budgets.

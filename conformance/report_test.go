@@ -131,10 +131,18 @@ func TestBudgets(t *testing.T) {
 		"ready=soon":      "want a positive duration",
 		"warm-streak=-1":  "want a positive whole number",
 		"max-blind=-10ms": "want a positive duration",
+		// Found here, not after a spec's world was set up and its first probe started.
+		"order-interval=50us": "budget order-interval=50µs: a probe's schedule cannot be shorter than 100µs; set it to 100µs or more",
 	} {
 		if err := b.Set(bad); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Set(%q) = %v, want %q", bad, err, want)
 		}
+	}
+	if b.OrderInterval != DefaultBudgets.OrderInterval {
+		t.Errorf("a refused budget was set: order-interval=%s", b.OrderInterval)
+	}
+	if err := DefaultBudgets.Validate(); err != nil {
+		t.Errorf("the catalogue's budgets: %v", err)
 	}
 	if n := len(DefaultBudgets.Values()); n != len(BudgetNames()) || n < 16 {
 		t.Errorf("%d budgets in the report, %d named", n, len(BudgetNames()))

@@ -156,6 +156,9 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	if cfg.Budgets == (Budgets{}) {
 		cfg.Budgets = DefaultBudgets
 	}
+	if err := cfg.Budgets.Validate(); err != nil {
+		return nil, err
+	}
 	if cfg.OutputDir == "" {
 		cfg.OutputDir = filepath.Join("_output", "conformance")
 	}
