@@ -24,26 +24,38 @@ import (
 // without it the Calico specs skip, loudly (privileged.SkipOptionalPeer).
 const envCalicoDirs = "DPC_CALICO_DIR"
 
-// calicoSpecs are the specs of the seeds Calico's own history gave the suite, run
-// against every build given: seed 1 (Calico issue 12192, fixed between v3.31.5 and
-// v3.31.6 by merge ee0a65248dcf): Felix's service sync after a restart ran before it
-// knew the node's addresses and erased its NodePort frontends for a moment, so new
-// NodePort connections were reset.
-var calicoSpecs = []string{"RESTART-NODEPORT-NEW", "RESTART-NODEPORT-CRASH"}
+// calicoJudgement is what the suite must conclude on one spec against a Calico
+// version: pass (Fails nil), or fail with those kinds only; with MayPass, pass or
+// fail with those kinds only (a real bug the spec catches only now and then, with
+// its detection rate in docs/calico.md).
+type calicoJudgement struct {
+	Spec    string
+	Fails   []conformance.FailureKind
+	MayPass bool
+}
 
-// calicoExpected is what the suite must conclude about each Calico version on
-// calicoSpecs: a spec a version is listed for must fail, with exactly those kinds,
-// and every other spec must pass (docs/calico.md, with the evidence). A version
-// missing here is an error: declare what it should do before judging it.
-var calicoExpected = map[string]map[string][]conformance.FailureKind{
-	// The last release with the bug: every NodePort connection opened in the window
-	// is reset.
+// calicoJudged says, for each Calico version, which specs judge it and what the
+// suite must conclude (docs/calico.md has the evidence of each). A version missing
+// here is an error: declare what it should do before judging it.
+var calicoJudged = map[string][]calicoJudgement{
+	// Seed 1 (Calico issue 12192, fixed between v3.31.5 and v3.31.6 by merge
+	// ee0a65248dcf): Felix's service sync after a restart ran before it knew the
+	// node's addresses and erased its NodePort frontends for a moment, so every
+	// NodePort connection opened in that window was reset.
 	"v3.31.5": {
-		"RESTART-NODEPORT-NEW":   {matchers.KindReset},
-		"RESTART-NODEPORT-CRASH": {matchers.KindReset},
+		{Spec: "RESTART-NODEPORT-NEW", Fails: []conformance.FailureKind{matchers.KindReset}},
+		{Spec: "RESTART-NODEPORT-CRASH", Fails: []conformance.FailureKind{matchers.KindReset}},
 	},
-	// The first release with the fix: passes both.
-	"v3.31.6": {},
+	"v3.31.6": {{Spec: "RESTART-NODEPORT-NEW"}, {Spec: "RESTART-NODEPORT-CRASH"}},
+	// Seed 3 (Calico PR 12164; its base 3e67ba0946 and its head 96a28e38fa): the
+	// base attaches a new workload's programs before it writes the IP sets that hold
+	// its IP, so a peer's policy that admits it drops its first packets. That
+	// happens only when the pod's interface comes up before Felix's dataplane has
+	// its endpoint: 1 new pod in 50 here (docs/calico.md, "Seed 3").
+	"v3.32.0-0.dev-960-g3e67ba094640": {
+		{Spec: "ORDER-NEW-ENDPOINT", Fails: []conformance.FailureKind{matchers.KindLost}, MayPass: true},
+	},
+	"v3.32.0-0.dev-964-g96a28e38facf": {{Spec: "ORDER-NEW-ENDPOINT"}},
 }
 
 // calicoBuild is a `make calico` directory: its version and commit (BUILDINFO).
@@ -76,7 +88,7 @@ func calicoBuilds() []calicoBuild {
 }
 
 // Seed 1 against the Calico builds given in DPC_CALICO_DIR, through
-// conformance/cmd/calico-driver: each must do what calicoExpected says.
+// conformance/cmd/calico-driver: each must do what calicoJudged says.
 var _ = Describe("Calico", Ordered, func() {
 	builds := calicoBuilds()
 	if len(builds) == 0 {
@@ -93,26 +105,38 @@ var _ = Describe("Calico", Ordered, func() {
 	}, NodeTimeout(5*time.Minute))
 
 	for _, b := range builds {
-		for _, id := range calicoSpecs {
-			It(b.Version+" on "+id+" does what calicoExpected says", func(ctx SpecContext) {
+		judged, ok := calicoJudged[b.Version]
+		if !ok || b.Err != nil {
+			It(b.Version+" is judged", func() {
 				Expect(b.Err).NotTo(HaveOccurred())
-				expected, ok := calicoExpected[b.Version]
-				Expect(ok).To(BeTrue(), "no expectation declared for Calico %s (%s): add it to calicoExpected, with its evidence in docs/calico.md", b.Version, b.Dir)
-				i := slices.IndexFunc(conformance.Specs(), func(s conformance.Spec) bool { return s.ID == id })
-				Expect(i).NotTo(Equal(-1), "no spec %s", id)
+				Fail(fmt.Sprintf("no expectation declared for Calico %s (%s): add it to calicoJudged, with its evidence in docs/calico.md", b.Version, b.Dir))
+			})
+			continue
+		}
+		for _, j := range judged {
+			verdict := "passes"
+			switch {
+			case j.Fails != nil && j.MayPass:
+				verdict = fmt.Sprintf("passes or fails (%v)", j.Fails)
+			case j.Fails != nil:
+				verdict = fmt.Sprintf("fails (%v)", j.Fails)
+			}
+			It(b.Version+" "+verdict+" "+j.Spec, func(ctx SpecContext) {
+				i := slices.IndexFunc(conformance.Specs(), func(s conformance.Spec) bool { return s.ID == j.Spec })
+				Expect(i).NotTo(Equal(-1), "no spec %s", j.Spec)
 				s := conformance.Specs()[i]
 
 				d := drivertest.NewExec(calicoDriver, envCalicoDirs+"="+b.Dir)
-				res := runPeer(ctx, d, "calico-"+b.Version, s, conformance.Budgets{}, "calico", b.Version, id)
+				res := runPeer(ctx, d, "calico-"+b.Version, s, conformance.Budgets{}, "calico", b.Version, j.Spec)
 				AddReportEntry("Calico "+b.Version+" ("+b.Commit+")", string(res.Result)+" "+res.Reason)
-				if kinds, ok := expected[id]; ok {
-					Expect(res.Result).To(Equal(conformance.Failed), "Calico %s must fail %s with %v (docs/calico.md): the suite no longer catches its bug\n%s", b.Version, id, kinds, res.Message)
-					for _, k := range res.FailedKinds() {
-						Expect(kinds).To(ContainElement(k), "%s failed against Calico %s in a way docs/calico.md does not document: %s\n%s", id, b.Version, res.Reason, res.Message)
-					}
+				if j.Fails == nil || (j.MayPass && res.Result == conformance.Passed) {
+					expectPassed(res)
 					return
 				}
-				expectPassed(res)
+				Expect(res.Result).To(Equal(conformance.Failed), "Calico %s must fail %s with %v (docs/calico.md): the suite no longer catches its bug\n%s", b.Version, j.Spec, j.Fails, res.Message)
+				for _, k := range res.FailedKinds() {
+					Expect(j.Fails).To(ContainElement(k), "%s failed against Calico %s in a way docs/calico.md does not document: %s\n%s", j.Spec, b.Version, res.Reason, res.Message)
+				}
 			}, SpecTimeout(6*time.Minute))
 		}
 	}
