@@ -264,8 +264,12 @@ func (f *Fixture) PID() int {
 // Stop stops kube-proxy gracefully (SIGTERM) and returns once it has exited.
 func (f *Fixture) Stop(ctx context.Context) error { return f.signal(ctx, syscall.SIGTERM) }
 
-// Kill crashes kube-proxy (SIGKILL) and returns once it has exited.
-func (f *Fixture) Kill(ctx context.Context) error { return f.signal(ctx, syscall.SIGKILL) }
+// Kill crashes kube-proxy (SIGKILL to its process group: it leads its own session)
+// and returns once it and its children have exited: an iptables-restore of a sync
+// in progress dies with it, as in a crashed container.
+func (f *Fixture) Kill(ctx context.Context) error {
+	return proc.SignalGroup(ctx, "kube-proxy", f.PID(), syscall.SIGKILL, f.Path(LogFile))
+}
 
 func (f *Fixture) signal(ctx context.Context, sig syscall.Signal) error {
 	return proc.Signal(ctx, "kube-proxy", f.PID(), sig, f.Path(LogFile))

@@ -95,6 +95,52 @@ func Signal(ctx context.Context, name string, pid int, sig syscall.Signal, hint 
 	return nil
 }
 
+// SignalGroup sends sig to the process group pgid (a process started with Setsid or
+// Setpgid leads its own, whose ID is its PID) and returns once no live process of the
+// group remains. An agent's crash is SIGKILL to its group: in a container its
+// children die with it (the PID namespace goes), and a child left running on its own
+// (an iptables-restore in the middle of a sync) would write the agent's rules after
+// the crash, or after a clean-up that removed them.
+func SignalGroup(ctx context.Context, name string, pgid int, sig syscall.Signal, hint string) error {
+	if pgid == 0 {
+		return nil
+	}
+	if err := syscall.Kill(-pgid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
+		return fmt.Errorf("send %s to %s's process group (pgid %d): %w", sig, name, pgid, err)
+	}
+	for {
+		left := groupMembers(pgid)
+		if len(left) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s's process group (pgid %d) has not exited after %s, processes %v remain: %w; see %s", name, pgid, sig, left, ctx.Err(), hint)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// groupMembers lists the live processes of process group pgid.
+func groupMembers(pgid int) []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	want := strconv.Itoa(pgid)
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if g, err := field(pid, 2); err == nil && g == want && Alive(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
 // OfContainer finds, in this PID namespace, a process of the container with the given
 // ID whose command line starts with cmdline (any process of it for an empty cmdline):
 // the container's cgroup paths carry its ID whatever the cgroup driver.

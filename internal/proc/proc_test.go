@@ -7,6 +7,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -84,6 +85,45 @@ func TestSignal(t *testing.T) {
 	err = Signal(ctx, "stubborn", stubborn.Process.Pid, syscall.SIGTERM, "stubborn.log")
 	if err == nil || !strings.Contains(err.Error(), "stubborn") || !strings.Contains(err.Error(), "stubborn.log") || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a process that ignores SIGTERM: got %v, want an error naming it and its log", err)
+	}
+}
+
+// TestSignalGroup: SIGKILL to an agent's process group takes its children with it,
+// as a crash in a container does, and returns only once none of them runs; a child
+// left behind would go on writing the agent's rules.
+func TestSignalGroup(t *testing.T) {
+	if err := SignalGroup(context.Background(), "nothing", 0, syscall.SIGKILL, "no log"); err != nil {
+		t.Fatalf("signalling no group: %v", err)
+	}
+	// A leader in a session of its own, with a child in the background, as an agent
+	// with an iptables-restore running.
+	leader := exec.Command("sh", "-c", `sleep 30 & echo $!; wait`)
+	leader.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := leader.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go leader.Wait()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("the child's PID: %q", line)
+	}
+	defer syscall.Kill(child, syscall.SIGKILL)
+	if err := SignalGroup(context.Background(), "agent", leader.Process.Pid, syscall.SIGKILL, "agent.log"); err != nil {
+		t.Fatal(err)
+	}
+	if Alive(leader.Process.Pid) {
+		t.Error("the group's leader outlived SignalGroup")
+	}
+	if Alive(child) {
+		t.Error("the leader's child outlived SignalGroup: a crash would leave it writing rules")
 	}
 }
 

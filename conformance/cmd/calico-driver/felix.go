@@ -224,8 +224,11 @@ func httpGet(ctx context.Context, path string) (int, []byte, error) {
 // successor takes them over.
 func (f *felix) Stop(ctx context.Context) error { return f.signal(ctx, syscall.SIGTERM) }
 
-// Kill crashes Felix (SIGKILL) and returns once it has exited.
-func (f *felix) Kill(ctx context.Context) error { return f.signal(ctx, syscall.SIGKILL) }
+// Kill crashes Felix (SIGKILL to its process group: it leads its own session) and
+// returns once it and its children have exited, as in a crashed container.
+func (f *felix) Kill(ctx context.Context) error {
+	return proc.SignalGroup(ctx, "Felix", f.PID(), syscall.SIGKILL, f.path(LogFile))
+}
 
 func (f *felix) signal(ctx context.Context, sig syscall.Signal) error {
 	return proc.Signal(ctx, "Felix", f.PID(), sig, f.path(LogFile))

@@ -281,14 +281,7 @@ func (a *agent) Stop(ctx context.Context) error {
 
 // Kill crashes the agent (SIGKILL to its process group: the agent and the clang it
 // may be running, as a crashed container's processes die with it) and returns once
-// the agent has exited.
+// none of them runs.
 func (a *agent) Kill(ctx context.Context) error {
-	pid := a.PID()
-	if pid == 0 {
-		return nil
-	}
-	if err := syscall.Kill(-pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return fmt.Errorf("send SIGKILL to cilium-agent's process group %d: %w", pid, err)
-	}
-	return proc.Signal(ctx, "cilium-agent", pid, syscall.SIGKILL, a.path(LogFile))
+	return proc.SignalGroup(ctx, "cilium-agent", a.PID(), syscall.SIGKILL, a.path(LogFile))
 }

@@ -240,8 +240,13 @@ func syncedSince(logPath string, offset int64) (bool, string) {
 // rewrites them or Cleanup removes them.
 func (a *agent) Stop(ctx context.Context) error { return a.signal(ctx, syscall.SIGTERM) }
 
-// Kill crashes kube-router (SIGKILL) and returns once it has exited.
-func (a *agent) Kill(ctx context.Context) error { return a.signal(ctx, syscall.SIGKILL) }
+// Kill crashes kube-router (SIGKILL to its process group: it leads its own session)
+// and returns once it and its children have exited. A crash in a container takes the
+// children too; an iptables-restore of a sync in progress left running would write
+// kube-router's chains back after Cleanup removed them.
+func (a *agent) Kill(ctx context.Context) error {
+	return proc.SignalGroup(ctx, "kube-router", a.PID(), syscall.SIGKILL, a.path(LogFile))
+}
 
 func (a *agent) signal(ctx context.Context, sig syscall.Signal) error {
 	return proc.Signal(ctx, "kube-router", a.PID(), sig, a.path(LogFile))
