@@ -237,6 +237,18 @@ func DeliverToOnceDeliveredTo(target, control string, opts ...Option) Matcher {
 				lost = append(lost, e)
 			}
 		}
+		// A sender whose first datagrams were dropped was seen opening; one whose
+		// first datagram was delivered was live before it sent (its dataplane was
+		// quicker than its probe), so only its later datagrams are judged.
+		closed := map[string]bool{}
+		for _, e := range w.Inside() {
+			if e.Kind != probe.KindSent || !from[e.Probe] || (e.Target != target && e.Target != control) || e.Seq >= firstCtl[e.Probe].Seq {
+				continue
+			}
+			if _, delivered := got[key{e.Probe, e.Seq}]; !delivered {
+				closed[e.Probe] = true
+			}
+		}
 		var firstOf probe.Event
 		for _, c := range firstCtl {
 			if firstOf.Time == 0 || c.Time < firstOf.Time {
@@ -249,6 +261,8 @@ func DeliverToOnceDeliveredTo(target, control string, opts ...Option) Matcher {
 			{Name: "delivered_before_control", Value: float64(beforeOK), Unit: "datagrams", Of: before,
 				Text: fmt.Sprintf("%d of %d datagrams to %s sent before it were delivered; the first delivered to %s was #%d from %s, sent %s",
 					beforeOK, before, target, control, firstOf.Seq, firstOf.Probe, w.Relative(firstOf.Time))},
+			{Name: "openings_seen", Value: float64(len(closed)), Unit: "senders", Of: len(from),
+				Text: fmt.Sprintf("%d of %d senders were seen opening (datagrams dropped before their first delivery to %s); the others were live from their first datagram", len(closed), len(from), control)},
 		}}
 		if len(lost) == 0 {
 			return out, nil

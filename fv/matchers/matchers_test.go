@@ -519,6 +519,20 @@ func TestDeliverToOnceDeliveredTo(t *testing.T) {
 		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
 		pass:    true, verdict: matchers.Pass, figure: "lost_after_control", figureVal: 0,
 	}, {
+		name: "counts a sender whose first datagrams were dropped as seen opening",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return ms >= 2300 })
+		},
+		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
+		pass:    true, verdict: matchers.Pass, figure: "openings_seen", figureVal: 1,
+	}, {
+		name: "does not count a sender live from its first datagram as seen opening",
+		build: func(tl *timeline.Timeline) {
+			udp(tl, func(label string, ms float64) bool { return true })
+		},
+		matcher: func() matchers.Matcher { return matchers.DeliverToOnceDeliveredTo("S", "D") },
+		pass:    true, verdict: matchers.Pass, figure: "openings_seen", figureVal: 0,
+	}, {
 		name: "passes when S is reached before D",
 		build: func(tl *timeline.Timeline) {
 			udp(tl, func(label string, ms float64) bool { return label == "S" && ms >= 2200 || ms >= 2300 })
