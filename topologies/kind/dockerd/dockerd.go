@@ -533,8 +533,11 @@ func (d *Daemon) reap() error {
 	if err := os.RemoveAll(d.run); err != nil {
 		errs = append(errs, err)
 	}
+	// The link is a veth into the daemon's namespace: the kernel deletes it when the
+	// last of the processes killed above exits, which may be between the lookup and
+	// the delete.
 	if l, err := netlink.LinkByName(d.link); err == nil {
-		if err := netlink.LinkDel(l); err != nil {
+		if err := netlink.LinkDel(l); err != nil && !errors.Is(err, unix.ENODEV) {
 			errs = append(errs, fmt.Errorf("delete link %s: %w", d.link, err))
 		}
 	}
