@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -48,28 +47,15 @@ func (c *phaseClock) stop() []PhaseTime {
 	return phaseTimes(c.spent)
 }
 
-// phaseTimes orders spent by phaseOrder, rounded to the millisecond; phases not in
-// phaseOrder come last, by name.
+// phaseTimes lists the phases spent holds in phaseOrder, rounded to the millisecond.
 func phaseTimes(spent map[Phase]time.Duration) []PhaseTime {
 	var out []PhaseTime
-	for p, d := range spent {
-		out = append(out, PhaseTime{Phase: p, Duration: d.Round(time.Millisecond)})
-	}
-	slices.SortFunc(out, func(a, b PhaseTime) int {
-		ia, ib := phaseIndex(a.Phase), phaseIndex(b.Phase)
-		if ia != ib {
-			return ia - ib
+	for _, p := range phaseOrder {
+		if d, ok := spent[p]; ok {
+			out = append(out, PhaseTime{Phase: p, Duration: d.Round(time.Millisecond)})
 		}
-		return strings.Compare(string(a.Phase), string(b.Phase))
-	})
-	return out
-}
-
-func phaseIndex(p Phase) int {
-	if i := slices.Index(phaseOrder, p); i >= 0 {
-		return i
 	}
-	return len(phaseOrder)
+	return out
 }
 
 // sumPhases adds up the phase times of several runs.
@@ -95,34 +81,42 @@ func PhasesString(pts []PhaseTime) string {
 	return strings.Join(parts, ", ")
 }
 
-// PhaseLog appends a line per run to a tab-separated file: which spec ran with what,
+// PhaseLog writes a line per run to a tab-separated file: which spec ran with what,
 // its result, and the seconds it spent in each phase. A test suite that runs many
 // specs keeps one, so that where its time went can be read after it (make test).
+// The file holds one process's runs: the first Add replaces what an earlier
+// process wrote.
 type PhaseLog struct {
 	Path string
 
-	mu sync.Mutex
+	mu      sync.Mutex
+	started bool
 }
 
-// Add appends res's line, labelled with what it ran against; a first line writes the
-// header. It is safe for concurrent use.
+// Add appends res's line, labelled with what it ran against; the first Add writes
+// the header. It is safe for concurrent use.
 func (l *PhaseLog) Add(label string, res Result) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if err := os.MkdirAll(filepath.Dir(l.Path), 0o755); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(l.Path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	flags := os.O_CREATE | os.O_WRONLY | os.O_APPEND
+	if !l.started {
+		flags |= os.O_TRUNC
+	}
+	f, err := os.OpenFile(l.Path, flags, 0o644)
 	if err != nil {
 		return err
 	}
 	var b strings.Builder
-	if st, err := f.Stat(); err == nil && st.Size() == 0 {
+	if !l.started {
 		b.WriteString("spec\tagainst\tresult\tseconds")
 		for _, p := range phaseOrder {
 			b.WriteString("\t" + string(p))
 		}
 		b.WriteString("\n")
+		l.started = true
 	}
 	spent := map[Phase]time.Duration{}
 	for _, pt := range res.Phases {

@@ -60,7 +60,15 @@ func TestCombineSumsPhasesOfRuns(t *testing.T) {
 }
 
 func TestPhaseLogWritesAHeaderOnceAndALinePerRun(t *testing.T) {
-	l := &PhaseLog{Path: filepath.Join(t.TempDir(), "sub", "phases.tsv")}
+	path := filepath.Join(t.TempDir(), "sub", "phases.tsv")
+	// What an earlier process wrote is replaced, not appended to.
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte("spec\tagainst\nOLD\tearlier\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	l := &PhaseLog{Path: path}
 	for _, r := range []Result{
 		{ID: "A", Result: Passed, Duration: 3 * time.Second, Phases: []PhaseTime{{PhaseTopology, time.Second}, {PhaseCleanup, 2 * time.Second}}},
 		{ID: "B", Result: Failed, Duration: time.Second, Phases: []PhaseTime{{PhaseStart, 250 * time.Millisecond}}},

@@ -42,7 +42,6 @@ var (
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
 	kubeProxyDriver = drivertest.Build(ctx, "conformance/cmd/kube-proxy-driver")
-	Expect(os.RemoveAll(phaseLog.Path)).To(Succeed())
 	controlPlanes = netns.NewControlPlanes("", func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) })
 	DeferCleanup(func() { Expect(controlPlanes.Close()).To(Succeed()) })
 }, NodeTimeout(5*time.Minute))

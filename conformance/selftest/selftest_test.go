@@ -55,7 +55,6 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	var err error
 	bins, err = buildbin.Build(ctx, GinkgoT().TempDir(), "reference/cmd/refdp", "reference/cmd/refdp-driver")
 	Expect(err).NotTo(HaveOccurred())
-	Expect(os.RemoveAll(phaseLog.Path)).To(Succeed())
 	controlPlanes = netns.NewControlPlanes("", func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) })
 	DeferCleanup(func() { Expect(controlPlanes.Close()).To(Succeed()) })
 }, NodeTimeout(5*time.Minute))
