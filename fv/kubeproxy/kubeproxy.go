@@ -261,18 +261,17 @@ func (f *Fixture) PID() int {
 	return pid
 }
 
-// Stop stops kube-proxy gracefully (SIGTERM) and returns once it has exited.
-func (f *Fixture) Stop(ctx context.Context) error { return f.signal(ctx, syscall.SIGTERM) }
+// Stop stops kube-proxy gracefully (SIGTERM) and returns once it and the rest of its process group
+// (proc.StopGroup) have exited.
+func (f *Fixture) Stop(ctx context.Context) error {
+	return proc.StopGroup(ctx, "kube-proxy", f.PID(), syscall.SIGTERM, f.Path(LogFile))
+}
 
 // Kill crashes kube-proxy (SIGKILL to its process group: it leads its own session)
 // and returns once it and its children have exited: an iptables-restore of a sync
 // in progress dies with it, as in a crashed container.
 func (f *Fixture) Kill(ctx context.Context) error {
 	return proc.SignalGroup(ctx, "kube-proxy", f.PID(), syscall.SIGKILL, f.Path(LogFile))
-}
-
-func (f *Fixture) signal(ctx context.Context, sig syscall.Signal) error {
-	return proc.Signal(ctx, "kube-proxy", f.PID(), sig, f.Path(LogFile))
 }
 
 // WaitReady polls Status until kube-proxy is ready, and fails early if it exits.

@@ -121,6 +121,20 @@ func SignalGroup(ctx context.Context, name string, pgid int, sig syscall.Signal,
 	}
 }
 
+// StopGroup sends sig to pid, the leader of its own process group, waits for it to
+// exit, then SIGKILLs what is left of its group and waits for that too: the leader's
+// exit ends its group, as the exit of a container's first process ends every process
+// in its PID namespace. A child a graceful stop left running (an iptables-restore of
+// a sync in progress) would write the agent's rules after a clean-up removed them.
+// The kernel allocates no PID that is still a group's ID, so the group signalled
+// after the leader's exit is still the leader's.
+func StopGroup(ctx context.Context, name string, pid int, sig syscall.Signal, hint string) error {
+	if err := Signal(ctx, name, pid, sig, hint); err != nil {
+		return err
+	}
+	return SignalGroup(ctx, name, pid, syscall.SIGKILL, hint)
+}
+
 // groupMembers lists the live processes of process group pgid.
 func groupMembers(pgid int) []int {
 	entries, err := os.ReadDir("/proc")

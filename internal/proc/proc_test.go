@@ -127,6 +127,41 @@ func TestSignalGroup(t *testing.T) {
 	}
 }
 
+// TestStopGroup: a graceful stop whose leader exits on the signal and leaves a child
+// running returns only once the child is gone too.
+func TestStopGroup(t *testing.T) {
+	leader := exec.Command("sh", "-c", `trap 'exit 0' TERM; sleep 30 & echo $!; wait`)
+	leader.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	out, err := leader.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := leader.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- leader.Wait() }()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := strconv.Atoi(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatalf("the child's PID: %q", line)
+	}
+	defer syscall.Kill(child, syscall.SIGKILL)
+	if err := StopGroup(context.Background(), "agent", leader.Process.Pid, syscall.SIGTERM, "agent.log"); err != nil {
+		t.Fatal(err)
+	}
+	// The leader exited by its trap, not by the group's SIGKILL.
+	if err := <-exited; err != nil {
+		t.Errorf("the leader did not exit on SIGTERM by its own trap: %v", err)
+	}
+	if Alive(child) {
+		t.Error("the leader's child outlived StopGroup: it would go on writing the agent's rules")
+	}
+}
+
 // TestCmdline: a process is known by its arguments from the moment Start returns,
 // even when it is caught in its exec, and a PID that does not run has none.
 func TestCmdline(t *testing.T) {

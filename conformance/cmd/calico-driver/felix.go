@@ -219,19 +219,18 @@ func httpGet(ctx context.Context, path string) (int, []byte, error) {
 	return resp.StatusCode, body, err
 }
 
-// Stop stops Felix gracefully (SIGTERM) and returns once it has exited. Felix leaves
+// Stop stops Felix gracefully (SIGTERM) and returns once it and the rest of its process group
+// (proc.StopGroup) have exited. Felix leaves
 // its BPF programs and maps in place, so that the node keeps forwarding until its
 // successor takes them over.
-func (f *felix) Stop(ctx context.Context) error { return f.signal(ctx, syscall.SIGTERM) }
+func (f *felix) Stop(ctx context.Context) error {
+	return proc.StopGroup(ctx, "Felix", f.PID(), syscall.SIGTERM, f.path(LogFile))
+}
 
 // Kill crashes Felix (SIGKILL to its process group: it leads its own session) and
 // returns once it and its children have exited, as in a crashed container.
 func (f *felix) Kill(ctx context.Context) error {
 	return proc.SignalGroup(ctx, "Felix", f.PID(), syscall.SIGKILL, f.path(LogFile))
-}
-
-func (f *felix) signal(ctx context.Context, sig syscall.Signal) error {
-	return proc.Signal(ctx, "Felix", f.PID(), sig, f.path(LogFile))
 }
 
 // nodeAddress is the node's IPv4 address on iface, with its prefix length: what

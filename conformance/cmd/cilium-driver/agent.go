@@ -272,11 +272,12 @@ func (a *agent) installLib() error {
 	return os.Rename(tmp, dst)
 }
 
-// Stop stops the agent gracefully (SIGTERM) and returns once it has exited. Cilium
+// Stop stops the agent gracefully (SIGTERM) and returns once it and the rest of its process group
+// (proc.StopGroup) have exited. Cilium
 // leaves its datapath in place when it stops: its programs keep serving until a
 // successor replaces them or Cleanup removes them.
 func (a *agent) Stop(ctx context.Context) error {
-	return proc.Signal(ctx, "cilium-agent", a.PID(), syscall.SIGTERM, a.path(LogFile))
+	return proc.StopGroup(ctx, "cilium-agent", a.PID(), syscall.SIGTERM, a.path(LogFile))
 }
 
 // Kill crashes the agent (SIGKILL to its process group: the agent and the clang it

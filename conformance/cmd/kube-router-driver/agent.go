@@ -235,10 +235,13 @@ func syncedSince(logPath string, offset int64) (bool, string) {
 	return false, fmt.Sprintf("%d full sync(s) started, none completed", syncs)
 }
 
-// Stop stops kube-router gracefully (SIGTERM) and returns once it has exited. It
+// Stop stops kube-router gracefully (SIGTERM) and returns once it and the rest of its process group
+// (proc.StopGroup) have exited. It
 // removes nothing on the way out: its rules keep enforcing until a successor
 // rewrites them or Cleanup removes them.
-func (a *agent) Stop(ctx context.Context) error { return a.signal(ctx, syscall.SIGTERM) }
+func (a *agent) Stop(ctx context.Context) error {
+	return proc.StopGroup(ctx, "kube-router", a.PID(), syscall.SIGTERM, a.path(LogFile))
+}
 
 // Kill crashes kube-router (SIGKILL to its process group: it leads its own session)
 // and returns once it and its children have exited. A crash in a container takes the
@@ -246,10 +249,6 @@ func (a *agent) Stop(ctx context.Context) error { return a.signal(ctx, syscall.S
 // kube-router's chains back after Cleanup removed them.
 func (a *agent) Kill(ctx context.Context) error {
 	return proc.SignalGroup(ctx, "kube-router", a.PID(), syscall.SIGKILL, a.path(LogFile))
-}
-
-func (a *agent) signal(ctx context.Context, sig syscall.Signal) error {
-	return proc.Signal(ctx, "kube-router", a.PID(), sig, a.path(LogFile))
 }
 
 // kube-router's names in the filter table and among the ipsets (netpol, v2.1.0):
