@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/topologies"
@@ -67,7 +68,8 @@ func TestVoidRunsRunAgain(t *testing.T) {
 		n := 0
 		return func() Result { n++; return results[n-1] }, &n
 	}
-	void := Result{Result: Errored, Reason: "blind", blind: true}
+	void := Result{Result: Errored, Reason: "blind", blind: true, Duration: 2 * time.Second,
+		Phases: []PhaseTime{{PhaseTopology, time.Second}, {PhaseChecks, time.Second}}}
 	for _, c := range []struct {
 		name  string
 		runs  []Result
@@ -87,5 +89,15 @@ func TestVoidRunsRunAgain(t *testing.T) {
 		if wantVoid := c.calls - 1; len(got.Void) != wantVoid {
 			t.Errorf("%s: void %q, want %d reasons", c.name, got.Void, wantVoid)
 		}
+	}
+	// A void run's time is spent on the spec: where the time went counts it.
+	once, _ := seq(void, Result{Result: Passed, Duration: 3 * time.Second,
+		Phases: []PhaseTime{{PhaseTopology, time.Second}, {PhaseSettle, 2 * time.Second}}})
+	got := r.unlessVoid(context.Background(), "A", once)
+	if got.Duration != 5*time.Second {
+		t.Errorf("duration with a void run = %s, want 5s (2s void, 3s the run again)", got.Duration)
+	}
+	if got, want := PhasesString(got.Phases), "topology 2s, settle 2s, checks 1s"; got != want {
+		t.Errorf("phases with a void run = %q, want %q", got, want)
 	}
 }

@@ -86,7 +86,7 @@ type Result struct {
 	Description string        `json:"description"`
 	Result      ResultKind    `json:"result"`
 	Reason      string        `json:"reason,omitempty"`
-	Duration    time.Duration `json:"duration"`
+	Duration    time.Duration `json:"duration"` // void runs (Void) included
 	Checks      []CheckResult `json:"checks,omitempty"`
 	// Kind is how a spec failed outside its checks (not-ready, precondition).
 	Kind FailureKind `json:"kind,omitempty"`
@@ -116,7 +116,8 @@ type Result struct {
 	// checks it carries (each run keeps its own in Runs).
 	Timeline string `json:"timeline,omitempty"`
 	// Phases is how long the run spent in each phase (of a spec that ran more than
-	// once, of its runs together): where its time went.
+	// once, or whose run was void and ran again, of its runs together): where its time
+	// went.
 	Phases []PhaseTime `json:"phases,omitempty"`
 	// Void are the reasons of runs that were void, each run again in a fresh world:
 	// a probe was blind (matchers.ErrBlind, the machine did not run it) and no check
@@ -285,8 +286,8 @@ func (r *Runner) Run(ctx context.Context, s Spec) Result {
 
 // unlessVoid returns once's result, or, when that run was void (a probe blind and no
 // check failed), the result of running it once more, which keeps the void run's
-// reason. Only once: a machine that cannot run the probes twice in a row is reported,
-// as an error of the run.
+// reason and counts its time (Duration, Phases). Only once: a machine that cannot run
+// the probes twice in a row is reported, as an error of the run.
 func (r *Runner) unlessVoid(ctx context.Context, id string, once func() Result) Result {
 	res := once()
 	if !res.blind || ctx.Err() != nil {
@@ -295,6 +296,8 @@ func (r *Runner) unlessVoid(ctx context.Context, id string, once func() Result) 
 	r.cfg.Logf("%s: the run is void, a probe was blind (%s); running it again in a fresh world", id, res.Reason)
 	again := once()
 	again.Void = append(again.Void, res.Reason)
+	again.Duration += res.Duration
+	again.Phases = sumPhases([]Result{res, again})
 	return again
 }
 
