@@ -132,8 +132,8 @@ type ContainerPort struct {
 	Protocol string // "TCP" (default) or "UDP"
 }
 
-// Output runs name with args inside h's network namespace and returns its combined
-// output; the error includes that output.
+// Output runs name with args inside h's network namespace and returns what it wrote
+// to stdout; the error includes what it wrote to stderr (or, if nothing, to stdout).
 func Output(ctx context.Context, h Host, name string, args ...string) ([]byte, error) {
 	return output(ctx, h, name, args...)
 }

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
@@ -273,13 +272,6 @@ func forwardPolicyDrop(n topologies.Node) conformance.Check {
 // throughKubeProxy proves the flows run through kube-proxy's DNAT: Linux conntrack on
 // the node holds at least want established flows to the flow's target whose replies
 // come from the backend.
-//
-// A dump of the conntrack table is not a snapshot: it comes in parts, and the table
-// changes between them (the warm-up's connections go to TIME_WAIT by the hundred just
-// before), so a dump can miss an entry that is there all along. One selftest run
-// counted 1 of 2 established streams whose entries the diagnostics dumped a second
-// later, both streams echoing throughout. So the count is the most that any of a few
-// dumps shows: each is a lower bound of what the table holds.
 func throughKubeProxy(n topologies.Node, fl workloads.Flow, backend topologies.Pod, want int) conformance.Check {
 	return conformance.Check{Name: "the streams run through kube-proxy's DNAT on " + n.Name(), State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
 		host, port, err := net.SplitHostPort(fl.Target)
@@ -288,26 +280,15 @@ func throughKubeProxy(n topologies.Node, fl workloads.Flow, backend topologies.P
 		}
 		p, _ := strconv.Atoi(port)
 		to := net.JoinHostPort(backend.IP().String(), strconv.Itoa(workloads.EchoPort))
+		flows, err := nodestate.ConntrackTo(ctx, n, host, p)
+		if err != nil {
+			return conformance.StateResult{}, err
+		}
 		nated := 0
-		for dump := 0; dump < 5 && nated < want; dump++ {
-			if dump > 0 {
-				select {
-				case <-time.After(50 * time.Millisecond):
-				case <-ctx.Done():
-					return conformance.StateResult{}, ctx.Err()
-				}
+		for _, c := range flows {
+			if c.State == "ESTABLISHED" && c.ReplySrc == to {
+				nated++
 			}
-			flows, err := nodestate.ConntrackTo(ctx, n, host, p)
-			if err != nil {
-				return conformance.StateResult{}, err
-			}
-			seen := 0
-			for _, c := range flows {
-				if c.State == "ESTABLISHED" && c.ReplySrc == to {
-					seen++
-				}
-			}
-			nated = max(nated, seen)
 		}
 		if nated < want {
 			return conformance.StateResult{}, fmt.Errorf("%w: Linux conntrack on %s holds %d established flows to %s answered by %s, want %d: the streams do not run through kube-proxy", conformance.ErrEnvironment, n.Name(), nated, fl.Target, to, want)

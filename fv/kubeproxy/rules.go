@@ -171,8 +171,6 @@ func (f *Fixture) Diagnostics(ctx context.Context, dir string) ([]string, error)
 		{"iptables-save.txt", []string{"iptables-save", "-c"}},
 		{"ip6tables-save.txt", []string{"ip6tables-save", "-c"}},
 		{"nft-ruleset.txt", []string{"nft", "list", "ruleset"}},
-		// conntrack prints the entries on stdout and "N flow entries have been
-		// shown" on stderr; both are kept.
 		{"conntrack.txt", []string{"conntrack", "-L"}},
 		{"addresses.txt", []string{"ip", "addr"}},
 		{"routes.txt", []string{"ip", "route"}},

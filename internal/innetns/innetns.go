@@ -23,24 +23,29 @@ func Do(path string, fn func() error) error {
 }
 
 // Output runs name with args, and stdin if not nil, inside the network namespace at
-// path and returns its combined output. A tool not on PATH is exec.ErrNotFound; any
-// other error is the command's own, for the caller to wrap with as much of the output
-// as it wants.
+// path and returns what it wrote to stdout. A tool not on PATH is exec.ErrNotFound;
+// any other error is the command's own (an *exec.ExitError for a failed run), with
+// what it wrote to stderr, for the caller to wrap with as much of the output as it
+// wants. stderr is kept apart because a line a tool writes there while part of its
+// buffered stdout is still to come lands, in one pipe, inside that output.
 func Output(ctx context.Context, path string, stdin []byte, name string, args ...string) ([]byte, error) {
 	if _, err := exec.LookPath(name); err != nil {
 		return nil, err
 	}
-	var out []byte
+	var stdout, stderr bytes.Buffer
 	err := Do(path, func() error {
 		cmd := exec.CommandContext(ctx, name, args...)
 		if stdin != nil {
 			cmd.Stdin = bytes.NewReader(stdin)
 		}
-		var err error
-		out, err = cmd.CombinedOutput()
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		if said := bytes.TrimSpace(stderr.Bytes()); err != nil && len(said) > 0 {
+			err = fmt.Errorf("%w: %s", err, said)
+		}
 		return err
 	})
-	return out, err
+	return stdout.Bytes(), err
 }
 
 // maxBody caps what HTTPGet reads of a reply.

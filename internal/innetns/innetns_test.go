@@ -39,14 +39,15 @@ func TestOutputRefusals(t *testing.T) {
 func TestOutput(t *testing.T) {
 	needSetns(t)
 	ctx := context.Background()
-	out, err := innetns.Output(ctx, ownNetNS, []byte("in\n"), "sh", "-c", "cat; echo err >&2")
-	if err != nil || string(out) != "in\nerr\n" {
-		t.Errorf("got %q, %v; want stdin and stderr in the output", out, err)
+	// stderr written while stdout is half done stays out of stdout.
+	out, err := innetns.Output(ctx, ownNetNS, []byte("in\n"), "sh", "-c", "printf 'entry dpor'; echo err >&2; printf 't=80\n'; cat")
+	if err != nil || string(out) != "entry dport=80\nin\n" {
+		t.Errorf("got %q, %v; want stdout alone, stdin echoed", out, err)
 	}
-	out, err = innetns.Output(ctx, ownNetNS, nil, "sh", "-c", "echo why; exit 3")
+	out, err = innetns.Output(ctx, ownNetNS, nil, "sh", "-c", "echo partial; echo why >&2; exit 3")
 	var exit *exec.ExitError
-	if !errors.As(err, &exit) || exit.ExitCode() != 3 || string(out) != "why\n" {
-		t.Errorf("got %q, %v; want the output and the exit status 3", out, err)
+	if !errors.As(err, &exit) || exit.ExitCode() != 3 || string(out) != "partial\n" || !strings.Contains(err.Error(), "why") {
+		t.Errorf("got %q, %v; want stdout, the exit status 3 and stderr in the error", out, err)
 	}
 }
 
