@@ -222,9 +222,8 @@ var _ = Describe("Cilium through its driver", Ordered, ContinueOnFailure, func()
 			), "on %s", n.Name())
 			// The two host-wide sysctls are read-only inside the node, and the agent
 			// said that it could not write them.
-			out, err := topologies.Output(ctx, n, "sh", "-c", "echo 0 > /proc/sys/kernel/timer_migration")
-			Expect(err).To(HaveOccurred())
-			Expect(string(out)).To(ContainSubstring("Read-only file system"))
+			_, err := topologies.Output(ctx, n, "sh", "-c", "echo 0 > /proc/sys/kernel/timer_migration")
+			Expect(err).To(MatchError(ContainSubstring("Read-only file system")))
 			log, err := os.ReadFile(filepath.Join(stateDir(n), LogFile))
 			Expect(err).NotTo(HaveOccurred())
 			Expect(string(log)).To(ContainSubstring("Failed to write sysctl setting"))
