@@ -97,25 +97,7 @@ func TestSignalGroup(t *testing.T) {
 	}
 	// A leader in a session of its own, with a child in the background, as an agent
 	// with an iptables-restore running.
-	leader := exec.Command("sh", "-c", `sleep 30 & echo $!; wait`)
-	leader.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	out, err := leader.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := leader.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go leader.Wait()
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
-	child, err := strconv.Atoi(strings.TrimSpace(line))
-	if err != nil {
-		t.Fatalf("the child's PID: %q", line)
-	}
-	defer syscall.Kill(child, syscall.SIGKILL)
+	leader, _, child := leaderWithChild(t, `sleep 30 & echo $!; wait`)
 	if err := SignalGroup(context.Background(), "agent", leader.Process.Pid, syscall.SIGKILL, "agent.log"); err != nil {
 		t.Fatal(err)
 	}
@@ -130,7 +112,26 @@ func TestSignalGroup(t *testing.T) {
 // TestStopGroup: a graceful stop whose leader exits on the signal and leaves a child
 // running returns only once the child is gone too.
 func TestStopGroup(t *testing.T) {
-	leader := exec.Command("sh", "-c", `trap 'exit 0' TERM; sleep 30 & echo $!; wait`)
+	leader, exited, child := leaderWithChild(t, `trap 'exit 0' TERM; sleep 30 & echo $!; wait`)
+	if err := StopGroup(context.Background(), "agent", leader.Process.Pid, syscall.SIGTERM, "agent.log"); err != nil {
+		t.Fatal(err)
+	}
+	// The leader exited by its trap, not by the group's SIGKILL.
+	if err := <-exited; err != nil {
+		t.Errorf("the leader did not exit on SIGTERM by its own trap: %v", err)
+	}
+	if Alive(child) {
+		t.Error("the leader's child outlived StopGroup: it would go on writing the agent's rules")
+	}
+}
+
+// leaderWithChild starts script in a session of its own (so leading its process
+// group, as the drivers start agents); the script starts a child in the background
+// and prints its PID. It returns the leader, its exit, and the child's PID, which
+// the test kills at its end whatever happened.
+func leaderWithChild(t *testing.T, script string) (*exec.Cmd, <-chan error, int) {
+	t.Helper()
+	leader := exec.Command("sh", "-c", script)
 	leader.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	out, err := leader.StdoutPipe()
 	if err != nil {
@@ -149,17 +150,8 @@ func TestStopGroup(t *testing.T) {
 	if err != nil {
 		t.Fatalf("the child's PID: %q", line)
 	}
-	defer syscall.Kill(child, syscall.SIGKILL)
-	if err := StopGroup(context.Background(), "agent", leader.Process.Pid, syscall.SIGTERM, "agent.log"); err != nil {
-		t.Fatal(err)
-	}
-	// The leader exited by its trap, not by the group's SIGKILL.
-	if err := <-exited; err != nil {
-		t.Errorf("the leader did not exit on SIGTERM by its own trap: %v", err)
-	}
-	if Alive(child) {
-		t.Error("the leader's child outlived StopGroup: it would go on writing the agent's rules")
-	}
+	t.Cleanup(func() { syscall.Kill(child, syscall.SIGKILL) })
+	return leader, exited, child
 }
 
 // TestCmdline: a process is known by its arguments from the moment Start returns,
