@@ -49,9 +49,9 @@ const (
 	KindGap Kind = "gap"
 	// KindStall (stream): the probe itself did not run: its writer for stream Stream,
 	// due to send at Time, woke only at End (Gap late). Emitted when that exceeds the
-	// probe's gap threshold. Time blocked in a write (a full send buffer, which a path
-	// that drops everything fills) does not count: only the probe's own lateness, the
-	// machine not scheduling it, which no dataplane causes.
+	// probe's gap threshold. Time a write waited for room in a full send buffer (which
+	// a path that drops everything fills) does not count: only the probe's own
+	// lateness, the machine not scheduling it, which no dataplane causes.
 	KindStall Kind = "stall"
 	// KindEnd (stream): stream Stream ended at Time (when the probe noticed); Outcome
 	// reset, closed, wrong-reply, timeout or stopped.

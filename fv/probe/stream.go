@@ -152,23 +152,30 @@ func (s *streamer) work(ctx context.Context, st *stream) {
 		<-readerDone
 	}()
 
+	rc, err := st.conn.(syscall.Conn).SyscallConn()
+	if err != nil {
+		s.end(st, LocalError, "send: "+err.Error())
+		return
+	}
 	var buf [256]byte
 	sched := newSchedule(s.cfg.Interval)
 	defer sched.stop()
-	var wrote monotime.Time // the end of the last write
+	var room monotime.Time // when the last write that waited for room in the send buffer got it
 	for seq := uint64(1); ; seq++ {
 		due := sched.next
 		if !sched.wait(ctx) || s.isEnded(st) {
 			return
 		}
 		t0 := monotime.Now()
-		// Late from the slot, or from the last write's end if that blocked past it.
-		if late := t0.Sub(max(due, wrote)); late > s.cfg.GapThreshold {
-			s.em.emit(Event{Time: max(due, wrote), End: t0, Kind: KindStall, Stream: st.id, Gap: late, Target: s.cfg.Target})
+		// Late from the slot, or from the end of a write that waited past it for room.
+		if late := t0.Sub(max(due, room)); late > s.cfg.GapThreshold {
+			s.em.emit(Event{Time: max(due, room), End: t0, Kind: KindStall, Stream: st.id, Gap: late, Target: s.cfg.Target})
 		}
 		req := request{kind: reqStream, from: s.cfg.Name, seq: seq, sent: t0, label: s.cfg.Label}.append(buf[:0])
-		_, err := st.conn.Write(req)
-		wrote = monotime.Now()
+		waited, err := send(rc, req)
+		if waited {
+			room = monotime.Now()
+		}
 		fin := monotime.Time(eofAt.Load())
 		if err != nil {
 			if ctx.Err() != nil {
@@ -186,6 +193,35 @@ func (s *streamer) work(ctx context.Context, st *stream) {
 			return
 		}
 	}
+}
+
+// send writes b to the socket and says whether it had to wait for room in the
+// socket's send buffer, which a path that drops everything fills: that time is the
+// path's. Any other time between the slot and the next one is the probe's own (the
+// process stopped, or not scheduled, after the write returned), so the writer does
+// not take a slow write's end as its reference, which would hide such a stall.
+func send(rc syscall.RawConn, b []byte) (waited bool, err error) {
+	werr := rc.Write(func(fd uintptr) bool {
+		for len(b) > 0 {
+			n, err2 := unix.Write(int(fd), b)
+			switch {
+			case errors.Is(err2, unix.EAGAIN):
+				waited = true
+				return false // the runtime's poller waits until the socket is writable
+			case errors.Is(err2, unix.EINTR):
+				continue
+			case err2 != nil:
+				err = os.NewSyscallError("write", err2)
+				return true
+			}
+			b = b[n:]
+		}
+		return true
+	})
+	if err == nil {
+		err = werr
+	}
+	return waited, err
 }
 
 // read consumes echoes. After the peer's FIN it returns and leaves the writer to find
