@@ -384,7 +384,7 @@ func TestHaveStreamGapsWithin(t *testing.T) {
 		},
 		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
 		pass:    true, verdict: matchers.Pass, figure: "max_gap", figureVal: 70,
-		contains: []string{"(300.0 ms long, 230.0 ms of it the probe's own stall)", "longest stall of the probe itself 230.0 ms"},
+		contains: []string{"(300.0 ms long, 230.0 ms of it the instrument's own stall)", "longest stall of the probes or echo servers themselves 230.0 ms"},
 	}, {
 		name: "fails on what the probe's stall does not explain",
 		build: func(tl *timeline.Timeline) {
@@ -393,7 +393,7 @@ func TestHaveStreamGapsWithin(t *testing.T) {
 		},
 		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
 		verdict: matchers.Violation, figure: "max_gap", figureVal: 300,
-		contains: []string{"went 400.0 ms without an echo", "(100.0 ms of it the probe's own stall, not counted)",
+		contains: []string{"went 400.0 ms without an echo", "(100.0 ms of it the instrument's own stall, not counted)",
 			"the probe itself did not run for 100.0 ms"},
 	}, {
 		name: "is an instrument error when the probe stalled past the limit",
@@ -404,6 +404,45 @@ func TestHaveStreamGapsWithin(t *testing.T) {
 		matcher:  func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
 		verdict:  matchers.Instrument,
 		contains: []string{"its probe did not send for 330.0 ms", "blind", "250.0 ms is the limit"},
+	}, {
+		// The echo server that answers the streams did not run for 230 ms: no echo
+		// could be sent, whatever the path did.
+		name: "does not count its echo server's stall against the path",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 2, func(id int, ms float64) bool { return ms > 2100 && ms < 2400 }, nil)
+			tl.Add(probe.Event{Time: at(2105), End: at(2335), Kind: probe.KindServerStall, Probe: "pod-b", Gap: 230 * time.Millisecond})
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		pass:    true, verdict: matchers.Pass, figure: "max_gap", figureVal: 70,
+		contains: []string{"(300.0 ms long, 230.0 ms of it the instrument's own stall)", "longest stall of the probes or echo servers themselves 230.0 ms"},
+	}, {
+		name: "counts the stall of a server that does not answer the stream",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 1, func(id int, ms float64) bool { return ms > 2100 && ms < 2400 }, nil)
+			tl.Add(probe.Event{Time: at(2105), End: at(2335), Kind: probe.KindServerStall, Probe: "pod-z", Gap: 230 * time.Millisecond})
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		verdict: matchers.Violation, figure: "max_gap", figureVal: 300,
+	}, {
+		// Client 2105-2205 and server 2150-2250 cover 145 ms of the 400 ms gap, not 200.
+		name: "takes the time the probe and its server both stalled off once",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 1, func(id int, ms float64) bool { return ms > 2100 && ms < 2500 }, nil)
+			tl.Add(probe.Event{Time: at(2105), End: at(2205), Kind: probe.KindStall, Probe: "st", Stream: 1, Gap: 100 * time.Millisecond})
+			tl.Add(probe.Event{Time: at(2150), End: at(2250), Kind: probe.KindServerStall, Probe: "pod-b", Gap: 100 * time.Millisecond})
+		},
+		matcher: func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		verdict: matchers.Violation, figure: "max_gap", figureVal: 255,
+		contains: []string{"(145.0 ms of it the instrument's own stall, not counted)", "the echo server itself did not run for 100.0 ms"},
+	}, {
+		name: "is an instrument error when the echo server stalled past the limit",
+		build: func(tl *timeline.Timeline) {
+			streams(tl, "st", 1, func(id int, ms float64) bool { return ms > 2100 && ms < 2500 }, nil)
+			tl.Add(probe.Event{Time: at(2105), End: at(2435), Kind: probe.KindServerStall, Probe: "pod-b", Gap: 330 * time.Millisecond})
+		},
+		matcher:  func() matchers.Matcher { return matchers.HaveStreamGapsWithin(200 * time.Millisecond) },
+		verdict:  matchers.Instrument,
+		contains: []string{"stream st/1 (answered by pod-b): its echo server pod-b did not run for 330.0 ms", "blind", "250.0 ms is the limit"},
 	}})
 }
 

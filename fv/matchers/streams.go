@@ -2,6 +2,7 @@ package matchers
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -13,14 +14,17 @@ import (
 
 // streamState is one stream's history on the timeline.
 type streamState struct {
-	probe   string
-	id      int
-	open    *probe.Event
-	echoes  []probe.Event
-	gaps    []probe.Event
-	stalls  []probe.Event // the probe's own lateness on this stream (KindStall)
-	end     *probe.Event
-	backend string
+	probe  string
+	id     int
+	open   *probe.Event
+	echoes []probe.Event
+	gaps   []probe.Event
+	stalls []probe.Event // the probe's own lateness on this stream (KindStall)
+	// serverStalls are the times the echo server that answers the stream (its
+	// backend) did not run (KindServerStall).
+	serverStalls []probe.Event
+	end          *probe.Event
+	backend      string
 }
 
 func (s *streamState) String() string {
@@ -42,9 +46,14 @@ func (s *streamState) lastEcho() monotime.Time {
 // streamsOf returns the streams of the selected stream probes, by probe and id.
 func streamsOf(w timeline.Window, o options) []*streamState {
 	m := map[[2]any]*streamState{}
+	serverStalls := map[string][]probe.Event{}
 	for i := range w.Events {
 		e := &w.Events[i]
 		switch e.Kind {
+		case probe.KindServerStall:
+			// Whichever probes are selected: a selected stream's server may be any.
+			serverStalls[e.Probe] = append(serverStalls[e.Probe], *e)
+			continue
 		case probe.KindOpen, probe.KindEcho, probe.KindGap, probe.KindStall, probe.KindEnd:
 		default:
 			continue
@@ -77,6 +86,9 @@ func streamsOf(w timeline.Window, o options) []*streamState {
 	var out []*streamState
 	for _, s := range m {
 		if s.open != nil && o.streamSelected(s.backend) {
+			if s.backend != "" {
+				s.serverStalls = serverStalls[s.backend]
+			}
 			out = append(out, s)
 		}
 	}
@@ -127,34 +139,54 @@ type gap struct {
 func (g gap) length() time.Duration { return g.to.Sub(g.from) }
 
 // judged is the part of the gap that the path is answerable for: its length less the
-// time the probe itself was late to send on the stream (stalls), during which nothing
-// was in flight for the path to lose.
+// time the instrument itself did not run, during which nothing was in flight for the
+// path to lose or no echo could be sent: the stream's probe late to send (stalls)
+// and its echo server not running (serverStalls). Where the two overlap, as they do
+// when the whole machine is starved, the time is taken off once.
 func (g gap) judged() time.Duration {
 	d := g.length()
 	if g.s == nil {
 		return d
 	}
-	for _, st := range g.s.stalls {
-		if lo, hi := max(g.from, st.Time), min(g.to, st.End); hi > lo {
-			d -= hi.Sub(lo)
+	type span struct{ lo, hi monotime.Time }
+	var spans []span
+	for _, stalls := range [][]probe.Event{g.s.stalls, g.s.serverStalls} {
+		for _, st := range stalls {
+			if lo, hi := max(g.from, st.Time), min(g.to, st.End); hi > lo {
+				spans = append(spans, span{lo, hi})
+			}
 		}
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
+	var covered monotime.Time // the end of the spans taken off so far
+	for _, sp := range spans {
+		lo := max(sp.lo, covered)
+		if sp.hi > lo {
+			d -= sp.hi.Sub(lo)
+		}
+		covered = max(covered, sp.hi)
 	}
 	return d
 }
 
-// blindness returns the stream's longest stall inside the window, and an error when
-// it is longer than the instrument limit: the probe was not running long enough for
-// the dataplane to have failed unseen.
+// blindness returns the longest time inside the window that the stream's probe or
+// its echo server did not run, and an error when one is longer than the instrument
+// limit: the instrument was not running long enough for the dataplane to have
+// failed unseen.
 func blindness(w timeline.Window, s *streamState, o options) (time.Duration, error) {
 	var longest time.Duration
-	for _, st := range s.stalls {
+	for _, st := range append(slices.Clip(s.stalls), s.serverStalls...) {
 		if st.End <= w.Start || st.Time >= w.End {
 			continue
 		}
 		d := st.End.Sub(st.Time)
 		if d > o.maxBlind {
-			return d, fmt.Errorf("%s: its probe did not send for %s, from %s: %w (starved or stopped), %s is the limit",
-				s, fmtMs(d), w.Relative(st.Time), ErrBlind, fmtMs(o.maxBlind))
+			who := "its probe did not send"
+			if st.Kind == probe.KindServerStall {
+				who = "its echo server " + st.Probe + " did not run"
+			}
+			return d, fmt.Errorf("%s: %s for %s, from %s: %w (starved or stopped), %s is the limit",
+				s, who, fmtMs(d), w.Relative(st.Time), ErrBlind, fmtMs(o.maxBlind))
 		}
 		longest = max(longest, d)
 	}
@@ -234,7 +266,7 @@ func HaveStreamGapsWithin(limit time.Duration, opts ...Option) Matcher {
 		if worst.s != nil {
 			where = " on " + worst.s.String()
 			if stalled := worst.length() - worst.judged(); stalled > 0 {
-				where += fmt.Sprintf(" (%s long, %s of it the probe's own stall)", fmtMs(worst.length()), fmtMs(stalled))
+				where += fmt.Sprintf(" (%s long, %s of it the instrument's own stall)", fmtMs(worst.length()), fmtMs(stalled))
 			}
 		}
 		out := outcome{verdict: Pass, figures: []Figure{
@@ -242,7 +274,7 @@ func HaveStreamGapsWithin(limit time.Duration, opts ...Option) Matcher {
 				Text: fmt.Sprintf("max gap %s%s, over %d %s (budget %s)", fmtMs(worst.judged()), where, len(streams), plural(len(streams), "stream", "streams"), fmtMs(limit))},
 			{Name: "gaps_over_budget", Value: float64(len(over)), Unit: "gaps", Text: fmt.Sprintf("%d %s over budget", len(over), plural(len(over), "gap", "gaps"))},
 			{Name: "max_schedule_gap", Value: msf(blind), Unit: "ms", Budget: budget(msf(o.maxBlind)),
-				Text: fmt.Sprintf("longest stall of the probe itself %s (instrument limit %s)", fmtMs(blind), fmtMs(o.maxBlind))},
+				Text: fmt.Sprintf("longest stall of the probes or echo servers themselves %s (instrument limit %s)", fmtMs(blind), fmtMs(o.maxBlind))},
 		}}
 		if len(over) == 0 {
 			return out, nil
@@ -259,7 +291,7 @@ func HaveStreamGapsWithin(limit time.Duration, opts ...Option) Matcher {
 			out.first = fmt.Sprintf("%s went %s without an echo, from %s to %s", g.s, fmtMs(g.length()), w.Relative(g.from), w.Relative(g.to))
 		}
 		if stalled := g.length() - g.judged(); stalled > 0 {
-			out.first += fmt.Sprintf(" (%s of it the probe's own stall, not counted)", fmtMs(stalled))
+			out.first += fmt.Sprintf(" (%s of it the instrument's own stall, not counted)", fmtMs(stalled))
 		}
 		switch {
 		case g.s.open.Outcome != probe.OK:
@@ -270,7 +302,8 @@ func HaveStreamGapsWithin(limit time.Duration, opts ...Option) Matcher {
 		var b strings.Builder
 		b.WriteString("Timeline around it:\n")
 		b.WriteString(w.Excerpt(g.from, o.context, min(g.length(), time.Second)+o.context, func(e probe.Event) bool {
-			return e.Probe == g.s.probe && e.Stream == g.s.id && (e.Kind == probe.KindGap || e.Kind == probe.KindStall || e.Kind == probe.KindEnd)
+			return e.Probe == g.s.probe && e.Stream == g.s.id && (e.Kind == probe.KindGap || e.Kind == probe.KindStall || e.Kind == probe.KindEnd) ||
+				e.Kind == probe.KindServerStall && e.Probe == g.s.backend
 		}))
 		if len(over) > 1 {
 			b.WriteString("Other gaps over budget:\n")

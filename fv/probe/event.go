@@ -65,6 +65,10 @@ const (
 	// destination's address (a connected client would not have taken it). Answers
 	// later than the probe's timeout, and second answers, are not reported.
 	KindReply Kind = "reply"
+	// KindServerStall (serve): the echo server itself did not run: its heartbeat, due
+	// at Time, woke only at End (Gap late), past ServerStallThreshold. Its echoes
+	// were as late, on every stream it answers, and no dataplane caused it.
+	KindServerStall Kind = "server-stall"
 	// KindRecv (serve): the probe received request Seq from the probe named From,
 	// which sent it at Time (the sender's stamp, carried in the request) to the
 	// destination labelled Target; End is when it arrived, Peer the source address

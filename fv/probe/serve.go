@@ -68,6 +68,9 @@ func (s *server) run(ctx context.Context) (int, error) {
 	s.em.emit(Event{Time: monotime.Now(), Kind: KindReady, Role: RoleServe, Probe: s.cfg.Name, PID: os.Getpid()})
 
 	var wg sync.WaitGroup
+	hbCtx, stopHeartbeat := context.WithCancel(ctx)
+	defer stopHeartbeat()
+	wg.Go(func() { s.heartbeat(hbCtx) })
 	errs := make(chan error, len(tcp)+len(udp))
 	for _, l := range tcp {
 		wg.Add(1)
@@ -88,6 +91,7 @@ func (s *server) run(ctx context.Context) (int, error) {
 	case <-ctx.Done():
 	case err = <-errs:
 	}
+	stopHeartbeat()
 	closeAll()
 	s.mu.Lock()
 	for c := range s.conns {
@@ -96,6 +100,32 @@ func (s *server) run(ctx context.Context) (int, error) {
 	s.mu.Unlock()
 	wg.Wait()
 	return int(s.requests.Load()), err
+}
+
+// ServerStallThreshold is how late the echo server's heartbeat must wake to report
+// a KindServerStall; ServerHeartbeat is its period.
+const (
+	ServerStallThreshold = DefaultGapThreshold
+	ServerHeartbeat      = 5 * time.Millisecond
+)
+
+// heartbeat reports the times the server itself did not run: a stream's client
+// measures its own lateness to send, but an echo is late as well when the server
+// that answers it was not scheduled, and the stream's gap is then the instrument's,
+// not the path's. A goroutine woken on a schedule is late when the process is
+// (stopped, starved of CPU, or held by the runtime), as the echoing goroutines are.
+func (s *server) heartbeat(ctx context.Context) {
+	sched := newSchedule(ServerHeartbeat)
+	defer sched.stop()
+	for {
+		due := sched.next
+		if !sched.wait(ctx) {
+			return
+		}
+		if now := monotime.Now(); now.Sub(due) > ServerStallThreshold {
+			s.em.emit(Event{Time: due, End: now, Kind: KindServerStall, Gap: now.Sub(due)})
+		}
+	}
 }
 
 func (s *server) acceptLoop(ctx context.Context, l net.Listener, wg *sync.WaitGroup) error {

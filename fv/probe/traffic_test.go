@@ -257,6 +257,43 @@ var _ = Describe("the probes on a real path", Label("privileged"), func() {
 			"with a limit above the stall, the gap is the probe's, not the path's")
 	}, NodeTimeout(30*time.Second))
 
+	// The echo server not running is the instrument's gap too: the server says so.
+	It("reports its echo server's stall, and a gap it explains is not the path's", func(ctx SpecContext) {
+		srv := serve(ctx, probe.Serve{Name: "pod-a", TCP: []int{8080}})
+		st := l.mustStart(ctx, l.pair.Client, probe.Stream{Name: "st", Target: l.server(8080), Streams: 3})
+		time.Sleep(500 * time.Millisecond)
+		stopped := l.tl.Record("server-stopped", "SIGSTOP")
+		Expect(syscall.Kill(srv.PID(), syscall.SIGSTOP)).To(Succeed())
+		time.Sleep(300 * time.Millisecond)
+		Expect(syscall.Kill(srv.PID(), syscall.SIGCONT)).To(Succeed())
+		l.tl.Record("server-continued", "SIGCONT")
+		time.Sleep(time.Second)
+		end := monotime.Now()
+		stop(ctx, st, srv)
+		var stalls []probe.Event
+		for _, e := range srv.Events() {
+			if e.Kind == probe.KindServerStall {
+				stalls = append(stalls, e)
+			}
+		}
+		Expect(stalls).To(HaveLen(1), "one stall of the server")
+		Expect(stalls[0].Gap).To(BeNumerically(">=", 250*time.Millisecond))
+		Expect(stalls[0].Probe).To(Equal("pod-a"))
+		gapped := map[int]bool{}
+		for _, e := range st.Events() {
+			Expect(e.Kind).NotTo(Equal(probe.KindStall), "the server's stall is not the client's: %+v", e)
+			if e.Kind == probe.KindGap && e.Gap >= 250*time.Millisecond {
+				gapped[e.Stream] = true
+			}
+		}
+		Expect(gapped).To(HaveLen(3), "a gap on every stream")
+		w := l.tl.Window(stopped.Add(-400*time.Millisecond), end)
+		gaps := matchers.HaveStreamGapsWithin(200 * time.Millisecond)
+		Expect(gaps.Match(w)).Error().To(MatchError(ContainSubstring("its echo server pod-a did not run")))
+		Expect(w).To(matchers.HaveStreamGapsWithin(200*time.Millisecond, matchers.MaxBlind(time.Second)),
+			"with a limit above the stall, the gap is the server's, not the path's")
+	}, NodeTimeout(30*time.Second))
+
 	It("shows a reset on streams whose server process is killed", func(ctx SpecContext) {
 		srv := serve(ctx, probe.Serve{Name: "pod-a", TCP: []int{8080}})
 		st := l.mustStart(ctx, l.pair.Client, probe.Stream{Name: "st", Target: l.server(8080), Streams: 3})

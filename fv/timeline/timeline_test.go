@@ -192,7 +192,7 @@ func TestWordingForPeople(t *testing.T) {
 // Describe never prints an empty name: an event that lacks a field says so.
 func TestDescribeNamesWhatIsMissing(t *testing.T) {
 	kinds := []probe.Kind{probe.KindReady, probe.KindAttempt, probe.KindOpen, probe.KindEcho, probe.KindGap, probe.KindEnd,
-		probe.KindSent, probe.KindReply, probe.KindRecv, probe.KindReach, probe.KindError, probe.KindDone, probe.KindExit}
+		probe.KindStall, probe.KindServerStall, probe.KindSent, probe.KindReply, probe.KindRecv, probe.KindReach, probe.KindError, probe.KindDone, probe.KindExit}
 	for _, k := range kinds {
 		for _, o := range []probe.Outcome{probe.OK, probe.Reset} {
 			e := probe.Event{Kind: k, Outcome: o}

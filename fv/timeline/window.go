@@ -353,6 +353,8 @@ func Describe(e probe.Event) string {
 		return fmt.Sprintf("stream %d: GAP of %s without an echo (ended by echo #%d)", e.Stream, Duration(e.Gap), e.Seq)
 	case probe.KindStall:
 		return fmt.Sprintf("stream %d: the probe itself did not run for %s from here (a send was due)", e.Stream, Duration(e.Gap))
+	case probe.KindServerStall:
+		return fmt.Sprintf("the echo server itself did not run for %s from here (its heartbeat was due)", Duration(e.Gap))
 	case probe.KindEnd:
 		if e.Outcome == probe.Stopped {
 			return fmt.Sprintf("stream %d stopped by the probe", e.Stream)
