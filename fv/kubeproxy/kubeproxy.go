@@ -261,8 +261,8 @@ func (f *Fixture) PID() int {
 	return pid
 }
 
-// Stop stops kube-proxy gracefully (SIGTERM) and returns once it and the rest of its process group
-// (proc.StopGroup) have exited.
+// Stop stops kube-proxy gracefully (SIGTERM) and returns once it and the rest of its
+// process group (proc.StopGroup) have exited.
 func (f *Fixture) Stop(ctx context.Context) error {
 	return proc.StopGroup(ctx, "kube-proxy", f.PID(), syscall.SIGTERM, f.Path(LogFile))
 }

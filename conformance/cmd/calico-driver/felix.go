@@ -219,10 +219,9 @@ func httpGet(ctx context.Context, path string) (int, []byte, error) {
 	return resp.StatusCode, body, err
 }
 
-// Stop stops Felix gracefully (SIGTERM) and returns once it and the rest of its process group
-// (proc.StopGroup) have exited. Felix leaves
-// its BPF programs and maps in place, so that the node keeps forwarding until its
-// successor takes them over.
+// Stop stops Felix gracefully (SIGTERM) and returns once it and the rest of its
+// process group (proc.StopGroup) have exited. Felix leaves its BPF programs and maps
+// in place, so that the node keeps forwarding until its successor takes them over.
 func (f *felix) Stop(ctx context.Context) error {
 	return proc.StopGroup(ctx, "Felix", f.PID(), syscall.SIGTERM, f.path(LogFile))
 }

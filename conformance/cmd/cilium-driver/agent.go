@@ -272,10 +272,10 @@ func (a *agent) installLib() error {
 	return os.Rename(tmp, dst)
 }
 
-// Stop stops the agent gracefully (SIGTERM) and returns once it and the rest of its process group
-// (proc.StopGroup) have exited. Cilium
-// leaves its datapath in place when it stops: its programs keep serving until a
-// successor replaces them or Cleanup removes them.
+// Stop stops the agent gracefully (SIGTERM) and returns once it and the rest of its
+// process group (proc.StopGroup) have exited. Cilium leaves its datapath in place
+// when it stops: its programs keep serving until a successor replaces them or
+// Cleanup removes them.
 func (a *agent) Stop(ctx context.Context) error {
 	return proc.StopGroup(ctx, "cilium-agent", a.PID(), syscall.SIGTERM, a.path(LogFile))
 }

@@ -235,10 +235,9 @@ func syncedSince(logPath string, offset int64) (bool, string) {
 	return false, fmt.Sprintf("%d full sync(s) started, none completed", syncs)
 }
 
-// Stop stops kube-router gracefully (SIGTERM) and returns once it and the rest of its process group
-// (proc.StopGroup) have exited. It
-// removes nothing on the way out: its rules keep enforcing until a successor
-// rewrites them or Cleanup removes them.
+// Stop stops kube-router gracefully (SIGTERM) and returns once it and the rest of its
+// process group (proc.StopGroup) have exited. It removes nothing on the way out: its
+// rules keep enforcing until a successor rewrites them or Cleanup removes them.
 func (a *agent) Stop(ctx context.Context) error {
 	return proc.StopGroup(ctx, "kube-router", a.PID(), syscall.SIGTERM, a.path(LogFile))
 }
