@@ -178,9 +178,9 @@ selftest: deps binaries
 docs:
 	$(GO) run ./conformance/cmd/dpconform specs --markdown > docs/specs.md.new && mv docs/specs.md.new docs/specs.md
 
-## peers-cilium: the Core profile against real Cilium (opt-in, not in make test: docs/cilium.md)
+## peers-cilium: the Core profile against real Cilium alone (make test runs it with the other peers)
 peers-cilium: deps binaries
-	DPC_PEERS_CILIUM=1 $(GO) test -count=1 -timeout 40m ./conformance/peers/ -ginkgo.focus cilium -ginkgo.v
+	$(GO) test -count=1 -timeout 40m ./conformance/peers/ -ginkgo.focus cilium -ginkgo.v
 
 ## cleanup: remove what killed runs left behind (netns and kind)
 cleanup: build

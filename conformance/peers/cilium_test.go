@@ -1,7 +1,6 @@
 package peers
 
 import (
-	"os"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -20,8 +19,6 @@ import (
 // --lb-sock-terminate-all-protos), so the TCP streams of a backend that vanished
 // without closing them hang. A new failure is either a real behaviour of Cilium, to be
 // documented here and there, or a defect of the suite.
-// EnvPeersCilium=1 runs the Core profile against Cilium (make peers-cilium).
-const EnvPeersCilium = "DPC_PEERS_CILIUM"
 
 var knownCilium = map[string][]conformance.FailureKind{
 	"NODE-ADDRESS-CHANGE": {matchers.KindReset},
@@ -34,12 +31,6 @@ var knownCilium = map[string][]conformance.FailureKind{
 var _ = Describe("cilium", Ordered, ContinueOnFailure, func() {
 	var ciliumDriver string
 	BeforeAll(func(ctx SpecContext) {
-		// Opt-in, and so out of make test, while RESTART-ESTABLISHED against Cilium
-		// shows an all-streams stall of 200-450 ms in some runs whose cause is not
-		// established (docs/cilium.md): neither a tolerance for it nor a red CI.
-		if os.Getenv(EnvPeersCilium) != "1" {
-			Skip("Cilium's Core run is opt-in: " + EnvPeersCilium + "=1 (make peers-cilium); docs/cilium.md says why it is not in make test")
-		}
 		ciliumDriver = drivertest.Build(ctx, "conformance/cmd/cilium-driver")
 	}, NodeTimeout(5*time.Minute))
 
