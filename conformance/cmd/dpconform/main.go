@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -97,20 +98,50 @@ func main() {
 // pause holds a container of the kind or cluster topology until it is stopped: a
 // pod's workload container or the external client, whose namespaces the suite's
 // probes enter (kind) or run in (cluster, through pods/exec). Stopped, it waits for
-// the other processes of its PID namespace to end first, as a server drains before it
-// exits: on a cluster the probes are those processes, and the container's end would
-// kill them in the middle of a graceful deletion that a spec watches them serve
-// through. (On kind the probes are not in its PID namespace: it exits at once.) The
-// kubelet's SIGKILL at the end of the grace period still ends it.
+// the pod's servers to end first, as a server drains before it exits: the container's
+// end would end the pod, and with it (cluster) the probes or (kind) the pod's network,
+// in the middle of a graceful deletion that a spec watches them serve through. On a
+// cluster the probes are the other processes of its PID namespace; on kind they are
+// not in it, but their sockets are in its network namespace. The kubelet's SIGKILL
+// at the end of the grace period still ends it.
+//
+// On kind it once exited at once: SVC-ENDPOINT-CHURN then lost the race between the
+// kubelet tearing the terminating pod's network down (~170-250 ms after its deletion
+// began) and the dataplane learning from its EndpointSlice that it was no longer
+// ready (~370 ms): 12 of 2,379 new connections timed out (make test, 2026-12-03).
 func pause() {
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	<-sigs
 	// Only as its PID namespace's init: a helper pod in the host's PID namespace
-	// (hostPID) has the whole node's processes beside it.
-	for os.Getpid() == 1 && othersRun() {
+	// (hostPID, and hostNetwork with it) has the whole node's processes and sockets
+	// beside it.
+	for os.Getpid() == 1 && (othersRun() || serving("/proc/self/net")) {
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// serving reports whether a TCP socket listens, or a UDP socket is open, in the
+// network namespace whose socket tables are in dir (/proc/self/net: this process's):
+// a server of the pod's.
+func serving(dir string) bool {
+	for _, f := range []string{"tcp", "tcp6", "udp", "udp6"} {
+		data, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			continue
+		}
+		for i, line := range strings.Split(string(data), "\n") {
+			// sl local_address rem_address st ...: st 0A is TCP_LISTEN.
+			fields := strings.Fields(line)
+			if i == 0 || len(fields) < 4 {
+				continue
+			}
+			if strings.HasPrefix(f, "udp") || fields[3] == "0A" {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // othersRun reports whether a process other than this one runs in its PID namespace.
