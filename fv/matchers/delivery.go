@@ -186,17 +186,25 @@ func DeliverToOnceDeliveredTo(target, control string, opts ...Option) Matcher {
 		firstCtl := map[string]probe.Event{}
 		var toTarget []probe.Event
 		sentCtl := map[string]int{}
+		// A sender whose first datagrams were dropped was seen opening; one whose
+		// first datagram was delivered was live before it sent (its dataplane was
+		// quicker than its probe), so only its later datagrams are judged. A sender's
+		// datagrams come in sequence, so one undelivered before its first delivered
+		// control datagram is seen here.
+		closed := map[string]bool{}
 		for _, e := range w.Inside() {
-			if e.Kind != probe.KindSent || !from[e.Probe] {
+			if e.Kind != probe.KindSent || !from[e.Probe] || (e.Target != target && e.Target != control) {
 				continue
+			}
+			_, delivered := got[key{e.Probe, e.Seq}]
+			if _, seen := firstCtl[e.Probe]; !seen && !delivered {
+				closed[e.Probe] = true
 			}
 			switch e.Target {
 			case control:
 				sentCtl[e.Probe]++
-				if _, ok := got[key{e.Probe, e.Seq}]; ok {
-					if _, seen := firstCtl[e.Probe]; !seen {
-						firstCtl[e.Probe] = e
-					}
+				if _, seen := firstCtl[e.Probe]; delivered && !seen {
+					firstCtl[e.Probe] = e
 				}
 			case target:
 				toTarget = append(toTarget, e)
@@ -235,18 +243,6 @@ func DeliverToOnceDeliveredTo(target, control string, opts ...Option) Matcher {
 			after = append(after, e)
 			if !delivered {
 				lost = append(lost, e)
-			}
-		}
-		// A sender whose first datagrams were dropped was seen opening; one whose
-		// first datagram was delivered was live before it sent (its dataplane was
-		// quicker than its probe), so only its later datagrams are judged.
-		closed := map[string]bool{}
-		for _, e := range w.Inside() {
-			if e.Kind != probe.KindSent || !from[e.Probe] || (e.Target != target && e.Target != control) || e.Seq >= firstCtl[e.Probe].Seq {
-				continue
-			}
-			if _, delivered := got[key{e.Probe, e.Seq}]; !delivered {
-				closed[e.Probe] = true
 			}
 		}
 		var firstOf probe.Event
