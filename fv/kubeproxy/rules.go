@@ -29,12 +29,13 @@ const nftTable = "kube-proxy"
 // node has IPv6).
 var iptablesFamilies = []string{"iptables", "ip6tables"}
 
-// run runs name with args inside the node's network namespace and returns its combined
-// output. A missing tool is reported as exec.ErrNotFound.
+// run runs name with args inside the node's network namespace and returns its
+// standard output; a failed run's error holds what it said on standard error. A
+// missing tool is reported as exec.ErrNotFound.
 func (f *Fixture) run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
 	out, err := innetns.Output(ctx, f.NetNS, stdin, name, args...)
 	if notRun := (*exec.Error)(nil); err != nil && !errors.As(err, &notRun) {
-		err = fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), f.NetNS, err, lastLines(out, 5))
+		err = fmt.Errorf("%s %s in %s: %w", name, strings.Join(args, " "), f.NetNS, err)
 	}
 	return out, err
 }

@@ -232,7 +232,7 @@ func Programmed(ctx context.Context, netnsPath, bpffs, cgroupDir string) ([]stri
 	for _, fam := range iptablesVariants() {
 		dump, err := innetns.Output(ctx, netnsPath, nil, fam+"-save")
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s-save: %w: %s", fam, err, dump))
+			errs = append(errs, fmt.Errorf("%s-save: %w", fam, err))
 			continue
 		}
 		table := ""
@@ -249,7 +249,7 @@ func Programmed(ctx context.Context, netnsPath, bpffs, cgroupDir string) ([]stri
 	}
 	sets, err := innetns.Output(ctx, netnsPath, nil, "ipset", "list", "-n")
 	if err != nil {
-		errs = append(errs, fmt.Errorf("ipset list: %w: %s", err, sets))
+		errs = append(errs, fmt.Errorf("ipset list: %w", err))
 	}
 	for _, s := range strings.Fields(string(sets)) {
 		if strings.HasPrefix(s, setPrefix) {

@@ -445,11 +445,12 @@ func (a *agent) Diagnostics(ctx context.Context, dir string) ([]string, error) {
 	return files, errors.Join(errs...)
 }
 
-// run runs name with args inside the node's network namespace and returns its output.
+// run runs name with args inside the node's network namespace and returns its
+// standard output; a failed run's error holds what it said on standard error.
 func (a *agent) run(ctx context.Context, stdin []byte, name string, args ...string) ([]byte, error) {
 	out, err := innetns.Output(ctx, a.NetNS, stdin, name, args...)
 	if notRun := (*exec.Error)(nil); err != nil && !errors.As(err, &notRun) {
-		err = fmt.Errorf("%s %s in %s: %w: %s", name, strings.Join(args, " "), a.NetNS, err, strings.TrimSpace(string(out)))
+		err = fmt.Errorf("%s %s in %s: %w", name, strings.Join(args, " "), a.NetNS, err)
 	}
 	return out, err
 }
