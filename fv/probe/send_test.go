@@ -11,26 +11,8 @@ import (
 // send says a write waited only when the send buffer had no room: that time is the
 // path's, any other is the probe's own stall.
 func TestSendSaysWhenItWaitedForRoom(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	if err := conn.(*net.TCPConn).SetWriteBuffer(4096); err != nil {
-		t.Fatal(err)
-	}
-	rc, err := conn.(syscall.Conn).SyscallConn()
-	if err != nil {
+	conn, peer, rc := loopbackPair(t)
+	if err := conn.SetWriteBuffer(4096); err != nil {
 		t.Fatal(err)
 	}
 
@@ -66,28 +48,11 @@ func TestSendSaysWhenItWaitedForRoom(t *testing.T) {
 
 // A write to a socket the peer reset fails with the error classify calls a reset.
 func TestSendReportsAReset(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := peer.(*net.TCPConn).SetLinger(0); err != nil {
+	_, peer, rc := loopbackPair(t)
+	if err := peer.SetLinger(0); err != nil {
 		t.Fatal(err)
 	}
 	peer.Close() // linger 0: a RST
-	rc, err := conn.(syscall.Conn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		_, err := send(rc, []byte("x\n"))
@@ -102,4 +67,30 @@ func TestSendReportsAReset(t *testing.T) {
 		}
 		time.Sleep(time.Millisecond)
 	}
+}
+
+// loopbackPair is a TCP connection over loopback, both ends closed at the test's end,
+// with the raw connection of the dialling end.
+func loopbackPair(t *testing.T) (conn, peer *net.TCPConn, rc syscall.RawConn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	p, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	conn, peer = c.(*net.TCPConn), p.(*net.TCPConn)
+	if rc, err = conn.SyscallConn(); err != nil {
+		t.Fatal(err)
+	}
+	return conn, peer, rc
 }
