@@ -10,11 +10,13 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/pager"
 )
 
 // A control plane can serve one run after another: Baseline records what it holds
@@ -139,15 +141,28 @@ func (cp *ControlPlane) listAll(ctx context.Context) ([]listed, error) {
 				continue
 			}
 			gvr := gv.WithResource(r.Name)
-			items, err := meta.Resource(gvr).List(ctx, metav1.ListOptions{})
+			// In pages: a list with a limit is served from etcd while the API
+			// server's cache of the resource is not ready, where one without is
+			// refused (429, Retry-After: 1 s, which the client waits out; KEP 4568).
+			// The cache of a resource that a run's CRD added is not ready until its
+			// first list, and an implementation registers dozens (Cilium v1.20: 22):
+			// listed whole, they were 10 s of every reset.
+			p := pager.New(func(ctx context.Context, opts metav1.ListOptions) (runtime.Object, error) {
+				return meta.Resource(gvr).List(ctx, opts)
+			})
+			err := p.EachListItem(ctx, metav1.ListOptions{}, func(obj runtime.Object) error {
+				it, ok := obj.(*metav1.PartialObjectMetadata)
+				if !ok {
+					return fmt.Errorf("a %T in the list of %s", obj, gvr)
+				}
+				out = append(out, listed{PartialObjectMetadata: *it, resource: gvr, namespaced: r.Namespaced})
+				return nil
+			})
 			if apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err) {
 				continue // a CRD deleted since discovery
 			}
 			if err != nil {
 				return nil, fmt.Errorf("list %s: %w", gvr, err)
-			}
-			for _, it := range items.Items {
-				out = append(out, listed{PartialObjectMetadata: it, resource: gvr, namespaced: r.Namespaced})
 			}
 		}
 	}
