@@ -23,7 +23,7 @@ var forbidden = map[string][]string{
 }
 
 // contract are the packages of fv that a vendor's Go driver imports: the driver
-// contract and its skeleton. The reference's driver is one such driver, so it may
+// contract, its skeleton and its helpers (crds). The reference's driver is one such driver, so it may
 // import them, and nothing else of fv. For that to keep the reference free of the
 // suite, they import nothing of the project but each other and internal/ packages,
 // and those only if they are themselves free of the rest (their dependencies are
@@ -31,6 +31,7 @@ var forbidden = map[string][]string{
 var contract = map[string]bool{
 	module + "fv/driver":      true,
 	module + "fv/driver/skel": true,
+	module + "fv/driver/crds": true,
 }
 
 func tree(pkg string) string {

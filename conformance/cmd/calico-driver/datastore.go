@@ -8,8 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"slices"
 	"time"
 
@@ -22,7 +20,8 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
-	"sigs.k8s.io/yaml"
+
+	"github.com/dpconform/dpconform/fv/driver/crds"
 )
 
 // What a Calico installation puts in the Kubernetes API before Felix can run with it
@@ -43,7 +42,6 @@ import (
 //     resource, in KDD, is the Kubernetes Node with its annotations.
 
 var (
-	crdGVR      = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version: "v1", Resource: "customresourcedefinitions"}
 	calicoGroup = "crd.projectcalico.org"
 	calicoGV    = calicoGroup + "/v1"
 )
@@ -70,6 +68,8 @@ func newDatastore(kubeconfig, crdDir, version string) (*datastore, error) {
 		return nil, fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
 	}
 	cfg.Timeout = 10 * time.Second
+	// Unthrottled (client-go's default is 5 requests a second): a start makes dozens.
+	cfg.QPS, cfg.Burst = 100, 200
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
 		return nil, err
@@ -107,60 +107,7 @@ func (d *datastore) ensure(ctx context.Context, node string, nodeAddr netip.Pref
 // ensureCRDs creates Calico's CRDs that do not exist and waits until the API server
 // serves every one of them.
 func (d *datastore) ensureCRDs(ctx context.Context) error {
-	files, err := filepath.Glob(filepath.Join(d.crdDir, "*.yaml"))
-	if err != nil || len(files) == 0 {
-		return fmt.Errorf("no CRDs in %s", d.crdDir)
-	}
-	var names []string
-	for _, f := range files {
-		data, err := os.ReadFile(f)
-		if err != nil {
-			return err
-		}
-		obj := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(data, &obj.Object); err != nil {
-			return fmt.Errorf("%s: %w", f, err)
-		}
-		if obj.GetKind() != "CustomResourceDefinition" {
-			return fmt.Errorf("%s: a %q, not a CustomResourceDefinition", f, obj.GetKind())
-		}
-		names = append(names, obj.GetName())
-		if _, err := d.dyn.Resource(crdGVR).Get(ctx, obj.GetName(), metav1.GetOptions{}); err == nil {
-			continue
-		}
-		if _, err := d.dyn.Resource(crdGVR).Create(ctx, obj, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("create CRD %s: %w", obj.GetName(), err)
-		}
-	}
-	for _, name := range names {
-		for {
-			crd, err := d.dyn.Resource(crdGVR).Get(ctx, name, metav1.GetOptions{})
-			if err != nil {
-				return fmt.Errorf("CRD %s: %w", name, err)
-			}
-			if established(crd) {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("CRD %s not established: %w", name, ctx.Err())
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}
-	return nil
-}
-
-// established reports whether the API server serves a CRD's resources.
-func established(crd *unstructured.Unstructured) bool {
-	conds, _, _ := unstructured.NestedSlice(crd.Object, "status", "conditions")
-	for _, c := range conds {
-		m, _ := c.(map[string]any)
-		if m["type"] == "Established" && m["status"] == "True" {
-			return true
-		}
-	}
-	return false
+	return crds.Ensure(ctx, d.dyn, d.crdDir)
 }
 
 // clusterResources are the cluster-wide resources calico-node's start-up creates, as
