@@ -242,14 +242,15 @@ var _ = Describe("the probes on a real path", Label("privileged"), func() {
 		time.Sleep(time.Second)
 		end := monotime.Now()
 		stop(ctx, st, srv)
-		stalls := 0
+		// The stop's stall on every stream; a shorter one (a loaded machine's) is no
+		// concern of this test.
+		stalled := map[int]int{}
 		for _, e := range st.Events() {
-			if e.Kind == probe.KindStall {
-				stalls++
-				Expect(e.Gap).To(BeNumerically(">=", 250*time.Millisecond), "stream %d", e.Stream)
+			if e.Kind == probe.KindStall && e.Gap >= 250*time.Millisecond {
+				stalled[e.Stream]++
 			}
 		}
-		Expect(stalls).To(Equal(3), "a stall on every stream")
+		Expect(stalled).To(Equal(map[int]int{1: 1, 2: 1, 3: 1}), "the stop's stall, once on every stream")
 		w := l.tl.Window(stopped.Add(-400*time.Millisecond), end)
 		gaps := matchers.HaveStreamGapsWithin(200 * time.Millisecond)
 		Expect(gaps.Match(w)).Error().To(MatchError(ContainSubstring("the instrument was blind")))
@@ -270,18 +271,21 @@ var _ = Describe("the probes on a real path", Label("privileged"), func() {
 		time.Sleep(time.Second)
 		end := monotime.Now()
 		stop(ctx, st, srv)
+		// The stop's stall, once; a shorter one (a loaded machine's) is no concern of
+		// this test.
 		var stalls []probe.Event
 		for _, e := range srv.Events() {
-			if e.Kind == probe.KindServerStall {
+			if e.Kind == probe.KindServerStall && e.Gap >= 250*time.Millisecond {
 				stalls = append(stalls, e)
 			}
 		}
 		Expect(stalls).To(HaveLen(1), "one stall of the server")
-		Expect(stalls[0].Gap).To(BeNumerically(">=", 250*time.Millisecond))
 		Expect(stalls[0].Probe).To(Equal("pod-a"))
 		gapped := map[int]bool{}
 		for _, e := range st.Events() {
-			Expect(e.Kind).NotTo(Equal(probe.KindStall), "the server's stall is not the client's: %+v", e)
+			if e.Kind == probe.KindStall {
+				Expect(e.Gap).To(BeNumerically("<", 250*time.Millisecond), "the server's stall is not the client's: %+v", e)
+			}
 			if e.Kind == probe.KindGap && e.Gap >= 250*time.Millisecond {
 				gapped[e.Stream] = true
 			}
