@@ -19,7 +19,6 @@ import (
 // --lb-sock-terminate-all-protos), so the TCP streams of a backend that vanished
 // without closing them hang. A new failure is either a real behaviour of Cilium, to be
 // documented here and there, or a defect of the suite.
-
 var knownCilium = map[string][]conformance.FailureKind{
 	"NODE-ADDRESS-CHANGE": {matchers.KindReset},
 	"SVC-ENDPOINT-VANISH": {matchers.KindHang},
