@@ -38,12 +38,21 @@ func NewExec(bin string, env ...string) driver.Driver {
 	return d
 }
 
-// Call runs the driver executable bin once with exactly env (plus PATH) and returns
-// its exit code and decoded stdout.
+// Call runs the driver executable bin once with exactly env, plus what locates
+// programs and the user's files (PATH, and HOME, DPC_CACHE_DIR and XDG_CACHE_HOME
+// where set), and returns its exit code and decoded stdout. Without HOME a driver
+// finds the cache of another user than the test's (Go's os.UserHomeDir fails; a
+// driver falls back to /root).
 func Call(bin string, env []string, args ...string) (int, map[string]any) {
 	ginkgo.GinkgoHelper()
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append([]string{"PATH=" + os.Getenv("PATH")}, env...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	for _, k := range []string{"HOME", "DPC_CACHE_DIR", "XDG_CACHE_HOME"} {
+		if v, ok := os.LookupEnv(k); ok {
+			cmd.Env = append(cmd.Env, k+"="+v)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
 	var stdout bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, ginkgo.GinkgoWriter
 	err := cmd.Run()
