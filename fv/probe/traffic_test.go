@@ -20,6 +20,17 @@ import (
 // it catches what it must catch, classifies it right, and raises no false alarm.
 var _ = Describe("the probes on a real path", Label("privileged"), func() {
 	var l *lab
+	// pauseFor stops the process pid for d (SIGSTOP, then SIGCONT), recording
+	// who-stopped and who-continued, and returns when it was stopped.
+	pauseFor := func(pid int, who string, d time.Duration) monotime.Time {
+		GinkgoHelper()
+		stopped := l.tl.Record(who+"-stopped", "SIGSTOP")
+		Expect(syscall.Kill(pid, syscall.SIGSTOP)).To(Succeed())
+		time.Sleep(d)
+		Expect(syscall.Kill(pid, syscall.SIGCONT)).To(Succeed())
+		l.tl.Record(who+"-continued", "SIGCONT")
+		return stopped
+	}
 	BeforeEach(func(ctx SpecContext) {
 		privileged.Ginkgo(Skip, Fail)
 		l = ginkgoLab(ctx)
@@ -234,11 +245,7 @@ var _ = Describe("the probes on a real path", Label("privileged"), func() {
 		srv := serve(ctx, probe.Serve{Name: "pod-a", TCP: []int{8080}})
 		st := l.mustStart(ctx, l.pair.Client, probe.Stream{Name: "st", Target: l.server(8080), Streams: 3})
 		time.Sleep(500 * time.Millisecond)
-		stopped := l.tl.Record("probe-stopped", "SIGSTOP")
-		Expect(syscall.Kill(st.PID(), syscall.SIGSTOP)).To(Succeed())
-		time.Sleep(300 * time.Millisecond)
-		Expect(syscall.Kill(st.PID(), syscall.SIGCONT)).To(Succeed())
-		l.tl.Record("probe-continued", "SIGCONT")
+		stopped := pauseFor(st.PID(), "probe", 300*time.Millisecond)
 		time.Sleep(time.Second)
 		end := monotime.Now()
 		stop(ctx, st, srv)
@@ -263,11 +270,7 @@ var _ = Describe("the probes on a real path", Label("privileged"), func() {
 		srv := serve(ctx, probe.Serve{Name: "pod-a", TCP: []int{8080}})
 		st := l.mustStart(ctx, l.pair.Client, probe.Stream{Name: "st", Target: l.server(8080), Streams: 3})
 		time.Sleep(500 * time.Millisecond)
-		stopped := l.tl.Record("server-stopped", "SIGSTOP")
-		Expect(syscall.Kill(srv.PID(), syscall.SIGSTOP)).To(Succeed())
-		time.Sleep(300 * time.Millisecond)
-		Expect(syscall.Kill(srv.PID(), syscall.SIGCONT)).To(Succeed())
-		l.tl.Record("server-continued", "SIGCONT")
+		stopped := pauseFor(srv.PID(), "server", 300*time.Millisecond)
 		time.Sleep(time.Second)
 		end := monotime.Now()
 		stop(ctx, st, srv)
