@@ -66,15 +66,22 @@ func Ensure(ctx context.Context, client dynamic.Interface, dir string) error {
 			pending = append(pending, crd.GetName())
 		}
 	}
+	notEstablished := func() error {
+		return fmt.Errorf("CRDs not established (the API server does not serve them): %s: %w", strings.Join(pending, ", "), ctx.Err())
+	}
 	for len(pending) > 0 {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("CRDs not established (the API server does not serve them): %s: %w", strings.Join(pending, ", "), ctx.Err())
+			return notEstablished()
 		case <-time.After(50 * time.Millisecond):
 		}
 		var still []string
 		for _, name := range pending {
 			got, err := crds.Get(ctx, name, metav1.GetOptions{})
+			if err != nil && ctx.Err() != nil {
+				// The deadline came during the Get: the wait, not the Get, failed.
+				return notEstablished()
+			}
 			if err != nil && !apierrors.IsNotFound(err) {
 				return fmt.Errorf("CRD %s: %w", name, err)
 			}
