@@ -28,8 +28,13 @@ type Binaries struct {
 	CNIDir string
 }
 
+// CacheEnv names the environment variables CacheDir reads: a process that runs a
+// program which looks for the cache (a driver) with an environment of its own passes
+// these on, or the program finds another user's cache or none.
+var CacheEnv = []string{"DPC_CACHE_DIR", "XDG_CACHE_HOME", "HOME"}
+
 // CacheDir is the per-user directory the make targets build into: DPC_CACHE_DIR, or
-// $XDG_CACHE_HOME/dpconform, or ~/.cache/dpconform.
+// $XDG_CACHE_HOME/dpconform, or ~/.cache/dpconform (the variables of CacheEnv).
 func CacheDir() string {
 	if d := os.Getenv("DPC_CACHE_DIR"); d != "" {
 		return d

@@ -18,6 +18,7 @@ import (
 
 	"github.com/dpconform/dpconform/fv/driver"
 	"github.com/dpconform/dpconform/internal/buildbin"
+	"github.com/dpconform/dpconform/topologies/controlplane"
 )
 
 // Build builds the driver command pkg (relative to the module, e.g.
@@ -39,15 +40,15 @@ func NewExec(bin string, env ...string) driver.Driver {
 }
 
 // Call runs the driver executable bin once with exactly env, plus what locates
-// programs and the user's files (PATH, and HOME, DPC_CACHE_DIR and XDG_CACHE_HOME
-// where set), and returns its exit code and decoded stdout. Without HOME a driver
-// finds the cache of another user than the test's (Go's os.UserHomeDir fails; a
-// driver falls back to /root).
+// programs and the binaries' cache (PATH, and those of controlplane.CacheEnv where
+// set), and returns its exit code and decoded stdout. Without HOME a driver finds the
+// cache of another user than the test's (Go's os.UserHomeDir fails; a driver falls
+// back to /root).
 func Call(bin string, env []string, args ...string) (int, map[string]any) {
 	ginkgo.GinkgoHelper()
 	cmd := exec.Command(bin, args...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	for _, k := range []string{"HOME", "DPC_CACHE_DIR", "XDG_CACHE_HOME"} {
+	for _, k := range controlplane.CacheEnv {
 		if v, ok := os.LookupEnv(k); ok {
 			cmd.Env = append(cmd.Env, k+"="+v)
 		}
