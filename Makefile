@@ -180,7 +180,7 @@ docs:
 
 ## peers-cilium: the Core profile against real Cilium alone (make test runs it with the other peers)
 peers-cilium: deps binaries
-	$(GO) test -count=1 -timeout 40m ./conformance/peers/ -ginkgo.focus cilium -ginkgo.v
+	$(GO) test -count=1 -timeout 40m ./conformance/peers/ -ginkgo.label-filter cilium -ginkgo.v
 
 ## cleanup: remove what killed runs left behind (netns and kind)
 cleanup: build

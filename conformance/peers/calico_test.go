@@ -89,7 +89,7 @@ func calicoBuilds() []calicoBuild {
 
 // Seed 1 against the Calico builds given in DPC_CALICO_DIR, through
 // conformance/cmd/calico-driver: each must do what calicoJudged says.
-var _ = Describe("Calico", Ordered, func() {
+var _ = Describe("Calico", Label("calico"), Ordered, func() {
 	builds := calicoBuilds()
 	if len(builds) == 0 {
 		It("is judged when "+envCalicoDirs+" names builds", func() {

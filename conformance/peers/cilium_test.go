@@ -27,7 +27,7 @@ var knownCilium = map[string][]conformance.FailureKind{
 // The Core profile against the Cilium agent (v1.20.2, built by `make cilium`) with its
 // kube-proxy replacement and CNI plugin, through conformance/cmd/cilium-driver. The
 // driver is built only if there is a Core spec to run.
-var _ = Describe("cilium", Ordered, ContinueOnFailure, func() {
+var _ = Describe("cilium", Label("cilium"), Ordered, ContinueOnFailure, func() {
 	var ciliumDriver string
 	BeforeAll(func(ctx SpecContext) {
 		ciliumDriver = drivertest.Build(ctx, "conformance/cmd/cilium-driver")

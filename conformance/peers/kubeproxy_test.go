@@ -88,7 +88,7 @@ var knownKubeProxyIn = map[string]map[string][]conformance.FailureKind{
 	},
 }
 
-var _ = Describe("kube-proxy", func() {
+var _ = Describe("kube-proxy", Label("kube-proxy"), func() {
 	for _, mode := range []string{"iptables", "nftables"} {
 		for _, s := range conformance.Specs() {
 			// Core in both modes; ModeSwitch in nftables mode, the mode a node

@@ -25,7 +25,7 @@ var knownKubeRouter = map[string][]conformance.FailureKind{
 // The Policy profile against kube-router's network policy controller (v2.1.0, built by
 // `make kube-router`), through conformance/cmd/kube-router-driver. The driver is built
 // only if there is a Policy spec to run.
-var _ = Describe("kube-router", Ordered, func() {
+var _ = Describe("kube-router", Label("kube-router"), Ordered, func() {
 	var kubeRouterDriver string
 	BeforeAll(func(ctx SpecContext) {
 		kubeRouterDriver = drivertest.Build(ctx, "conformance/cmd/kube-router-driver")
