@@ -215,6 +215,9 @@ func Start(ctx context.Context, opts Options) (_ *Daemon, err error) {
 	if err := d.checkRoutes(); err != nil {
 		return nil, err
 	}
+	if err := weighCgroupParent(d.cgroupParent()); err != nil {
+		return nil, err
+	}
 	if err := os.MkdirAll(d.run, 0o700); err != nil {
 		return nil, err
 	}

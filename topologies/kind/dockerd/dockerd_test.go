@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -132,6 +133,21 @@ func TestDaemonLeavesTheHostAlone(t *testing.T) {
 	}
 	if strings.Contains(during["links"], "br-") || strings.Contains(during["links"], "docker0") {
 		t.Errorf("a docker bridge is in the host's namespace:\n%s", during["links"])
+	}
+	// The nodes' CPU weight: the container's cgroup is under a parent that weighs
+	// as NodeCPUShares host tasks (cpu.shares on cgroup v1, cpu.weight on v2).
+	file, want := "/sys/fs/cgroup/cpu/dpconform-docker-*/cpu.shares", dockerd.NodeCPUShares
+	if _, err := os.Stat("/sys/fs/cgroup/cpu/cpu.shares"); err != nil {
+		file, want = "/sys/fs/cgroup/dpconform-docker-*/cpu.weight", dockerd.NodeCPUWeight
+	}
+	if ctrl, err := os.ReadFile("/sys/fs/cgroup/cgroup.subtree_control"); want == dockerd.NodeCPUWeight && (err != nil || !slices.Contains(strings.Fields(string(ctrl)), "cpu")) {
+		t.Logf("the host's cgroup v2 root does not delegate the cpu controller (%q, %v): no CPU weight to check", ctrl, err)
+	} else if m, _ := filepath.Glob(file); len(m) != 1 {
+		t.Errorf("want one cgroup parent of the daemon's containers with %s, found %v", filepath.Base(file), m)
+	} else if got, err := os.ReadFile(m[0]); err != nil || strings.TrimSpace(string(got)) != fmt.Sprint(want) {
+		t.Errorf("%s = %q (%v), want %d", m[0], got, err, want)
+	} else if kids, _ := filepath.Glob(filepath.Join(filepath.Dir(m[0]), "*", "cgroup.procs")); len(kids) == 0 {
+		t.Errorf("the container's cgroup is not under %s", filepath.Dir(m[0]))
 	}
 	if _, err := d.Docker(ctx, "rm", "-f", "sleeper"); err != nil {
 		t.Fatal(err)
