@@ -30,7 +30,7 @@ const (
 )
 
 // cgroupRoot is where the host mounts its cgroup hierarchies.
-var cgroupRoot = "/sys/fs/cgroup"
+const cgroupRoot = "/sys/fs/cgroup"
 
 // weighCgroupParent creates the daemon's cgroup parent in the hierarchy that holds
 // the cpu controller and gives it the nodes' CPU weight, before dockerd makes any
