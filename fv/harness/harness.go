@@ -165,8 +165,24 @@ func (w *World) Kill(ctx context.Context, n topologies.Node) error {
 	return nil
 }
 
-// ReadyPoll is how often WaitReady asks the driver.
+// ReadyPoll is the shortest time between the end of one of WaitReady's status calls
+// and the start of the next.
 const ReadyPoll = 20 * time.Millisecond
+
+// readyPollCost is how many times its own duration WaitReady waits after a status call
+// before the next, if that is longer than ReadyPoll: a status call is a process, and
+// on a cluster also a kubeconfig, a TLS handshake and an API request, and asked back
+// to back for the seconds an agent takes to start, these calls took a share of the
+// machine whose schedule the probes measure (docs/architecture.md, "The suite asks
+// slow drivers less often"). An agent's ready time loses nothing by it when its
+// driver says when it became ready (ReadySinceNS); when it does not, the later
+// ready time narrows the checks that start there and widens those that end after it.
+const readyPollCost = 3
+
+// readyPause is how long WaitReady waits after a status call that took took.
+func readyPause(took time.Duration) time.Duration {
+	return max(ReadyPoll, readyPollCost*took)
+}
 
 // readyAt is when to record an agent ready that a status reply, between asked and
 // seen, said was: when the driver says it became ready (ReadySinceNS), if that falls
@@ -193,7 +209,9 @@ func (w *World) WaitReady(ctx context.Context, n topologies.Node) error {
 	sawRunning := false
 	asked := monotime.Now()
 	for {
+		called := time.Now()
 		st, err := w.Driver.Status(ctx, NodeEnv(n))
+		pause := readyPause(time.Since(called))
 		switch {
 		case err != nil && ctx.Err() == nil && driver.IsTimeout(err):
 			lastErr = err
@@ -223,7 +241,7 @@ func (w *World) WaitReady(ctx context.Context, n topologies.Node) error {
 				return lastErr
 			}
 			return fmt.Errorf("%w: the agent on %s did not report ready within %s (last status: running=%v ready=%v)", ErrNotReady, n.Name(), budget, last.Running, last.Ready)
-		case <-time.After(ReadyPoll):
+		case <-time.After(pause):
 		}
 	}
 }

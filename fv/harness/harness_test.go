@@ -131,6 +131,37 @@ func TestWaitReady(t *testing.T) {
 	}
 }
 
+// WaitReady asks a slow driver less often: after a call it waits readyPollCost times
+// as long as the call took, or ReadyPoll, whichever is longer, so that its calls take
+// at most a quarter of the wait.
+func TestWaitReadyPacesSlowCalls(t *testing.T) {
+	for _, c := range []struct{ took, want time.Duration }{
+		{0, ReadyPoll},
+		{5 * time.Millisecond, ReadyPoll},
+		{100 * time.Millisecond, 300 * time.Millisecond},
+	} {
+		if got := readyPause(c.took); got != c.want {
+			t.Errorf("readyPause(%s) = %s, want %s", c.took, got, c.want)
+		}
+	}
+	const slow = 30 * time.Millisecond
+	var ends, starts []time.Time
+	w := world(&fakeDriver{status: func(call int) (driver.Status, error) {
+		starts = append(starts, time.Now())
+		time.Sleep(slow)
+		ends = append(ends, time.Now())
+		return driver.Status{Running: true, Ready: call == 4}, nil
+	}})
+	if err := w.WaitReady(context.Background(), w.Topo.Nodes()[0]); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(starts); i++ {
+		if gap := starts[i].Sub(ends[i-1]); gap < readyPollCost*slow {
+			t.Errorf("status call %d started %s after the one before ended, which took %s: want at least %s", i+1, gap, slow, readyPollCost*slow)
+		}
+	}
+}
+
 // An agent is recorded ready when its driver says it became ready, if that is inside
 // the wait, else when the suite saw it: a driver can only make the checks that start
 // at ready stricter.
