@@ -3,12 +3,21 @@
 // Tests that create network namespaces, load BPF programs or change iptables run for
 // real as root. Elsewhere they skip with a loud reason, unless DPC_REQUIRE_PRIVILEGED=1
 // (set by CI), where a skip would hide work and so is a failure instead.
+//
+// A -short run (`make check`, the fast tier) leaves them out by choice, whoever runs
+// it: they skip, and DPC_REQUIRE_PRIVILEGED does not turn that skip into a failure,
+// since `make test` runs them in full.
 package privileged
 
 import (
+	"flag"
 	"fmt"
 	"os"
+	"testing"
 )
+
+// shortSkip is why a -short run leaves a privileged test out.
+const shortSkip = "not in a -short run (make check): it needs root or a third-party binary; make test runs it"
 
 // EnvRequire is the environment variable that turns a privilege skip into a failure.
 const EnvRequire = "DPC_REQUIRE_PRIVILEGED"
@@ -22,6 +31,9 @@ type TB interface {
 
 // Missing returns why this process cannot run privileged tests, or "" when it can.
 func Missing() string {
+	if Short() {
+		return shortSkip
+	}
 	if os.Geteuid() != 0 {
 		return fmt.Sprintf("needs root (network namespaces, BPF, iptables); running as uid %d", os.Geteuid())
 	}
@@ -29,12 +41,23 @@ func Missing() string {
 }
 
 // Required reports whether DPC_REQUIRE_PRIVILEGED asks for privileged tests to run.
-func Required() bool { return os.Getenv(EnvRequire) == "1" }
+// A -short run never requires them.
+func Required() bool { return os.Getenv(EnvRequire) == "1" && !Short() }
+
+// Short reports whether this is a test binary run with -short: the fast tier, which
+// runs only what needs neither root nor a third-party binary.
+func Short() bool {
+	return testing.Testing() && flag.Parsed() && flag.Lookup("test.short") != nil && testing.Short()
+}
 
 // Require skips t loudly when it cannot run privileged tests, or fails it when
 // DPC_REQUIRE_PRIVILEGED=1.
 func Require(t TB) {
 	t.Helper()
+	if Short() {
+		t.Skip(shortSkip)
+		return
+	}
 	if why := Missing(); why != "" {
 		if Required() {
 			t.Fatal("PRIVILEGED TEST CANNOT RUN: " + why + " (" + EnvRequire + "=1 forbids skipping)")
@@ -46,6 +69,10 @@ func Require(t TB) {
 // Ginkgo adapts Require to Ginkgo's Skip and Fail, which are passed in so that this
 // package does not import Ginkgo: privileged.Ginkgo(Skip, Fail).
 func Ginkgo(skip func(string, ...int), fail func(string, ...int)) {
+	if Short() {
+		skip(shortSkip)
+		return
+	}
 	if why := Missing(); why != "" {
 		if Required() {
 			fail("PRIVILEGED TEST CANNOT RUN: " + why + " (" + EnvRequire + "=1 forbids skipping)")
