@@ -74,7 +74,7 @@ func WriteCatalogue(w io.Writer) error {
 			cp.Specs = append(cp.Specs, catalogueEntry(s, defaults))
 		}
 		if len(cp.Specs) == 0 {
-			cv.NotYet = append(cv.NotYet, fmt.Sprintf("%s: no spec yet (shared/design/SPECS.md lists its design).", p))
+			cv.NotYet = append(cv.NotYet, fmt.Sprintf("%s: no spec yet.", p))
 		}
 		cv.Profiles = append(cv.Profiles, cp)
 	}

@@ -28,7 +28,7 @@ func init() {
 		Traffic:    "the external client opens a new TCP connection every 2 ms to node-a's IP:NodePort (backend on node-a and on node-b), and to the spare address's NodePort of a third Service (its own backend on node-a)",
 		Invariant:  "nothing answers on the spare address before it is added (a precondition); it is served, 20 connections in a row, within 1 s of `address-added` (`address-programmed`); nothing answers there from 1 s after `address-removed` to the window's end (`address-programmed` plus `steady-state`); zero failed attempts on the primary address from 1 s before `address-added` to that end",
 		Budgets:    []string{"address-programmed", "steady-state", "connect-interval", "attempt-timeout"},
-		Origin:     "host IPs read once at start, the defect class next to Calico issue 12192 (shared/design/SPECS.md); and a host-address watcher that acts on additions only",
+		Origin:     "host IPs read once at start, the defect class next to Calico issue 12192; and a host-address watcher that acts on additions only",
 		Catches: []conformance.FaultCase{
 			{Fault: "host-ips-read-once", Kinds: []conformance.FailureKind{matchers.KindReset}},
 			{Fault: "host-ip-removals-ignored", Kinds: []conformance.FailureKind{matchers.KindDelivered}},

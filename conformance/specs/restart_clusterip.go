@@ -20,7 +20,7 @@ func init() {
 		Traffic:     "a pod on node-a opens a new TCP connection every 2 ms to the ClusterIP of a Service with its backend on node-a and of one with its backend on node-b",
 		Invariant:   "zero failed attempts from 1 s before `stop-sent` to 3 s after `ready`",
 		Budgets:     []string{"connect-interval", "attempt-timeout", "lead", "settle"},
-		Origin:      "a restart that adopts only the state it can attribute to the node (its NodePorts) and drops the ClusterIP frontends until its first complete sync (shared/design/SPECS.md)",
+		Origin:      "a restart that adopts only the state it can attribute to the node (its NodePorts) and drops the ClusterIP frontends until its first complete sync",
 		Catches:     catches,
 		Body:        restartClusterIP(false),
 	})

@@ -20,7 +20,7 @@ func init() {
 		Traffic:    "from a stranger, whom the policy on S refuses: a new TCP connection and a UDP datagram from a new socket (a new flow each) every 2 ms",
 		Invariant:  "nothing delivered from 1 s before the stop to 3 s after the last `ready`",
 		Budgets:    []string{"connect-interval", "policy-programmed", "lead", "settle"},
-		Origin:     "a restart that re-creates its endpoints instead of adopting them, policy dropped until its first complete round: a dataplane must fail closed while its agent is down or starting (shared/design/SPECS.md)",
+		Origin:     "a restart that re-creates its endpoints instead of adopting them, policy dropped until its first complete round: a dataplane must fail closed while its agent is down or starting",
 		Catches:    []conformance.FaultCase{{Fault: "open-while-restarting", Kinds: []conformance.FailureKind{matchers.KindDelivered}}},
 		Body:       restartFailClosed,
 	})
