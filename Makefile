@@ -16,9 +16,9 @@ KIND_PKGS := docker.io debootstrap
 CILIUM_PKGS := clang-19
 
 .PHONY: all deps deps-generate deps-kind deps-browser deps-cilium control-plane cni \
-        kube-router cilium kind-node-binaries binaries build test lint lint-ci actionlint \
-        bench conformance kind-image kind-conformance kind-cluster-conformance selftest \
-        peers-cilium calico generate docs cleanup clean
+        kube-router cilium kind-node-binaries binaries build check test test-peers test-time \
+        lint lint-ci actionlint bench conformance kind-image kind-conformance \
+        kind-cluster-conformance selftest calico generate docs cleanup clean
 
 # The implementation `make conformance` runs against, and the profiles to run
 # (default: every profile it claims).
@@ -135,25 +135,70 @@ lint:
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
 
-## test: everything that proves the project (privileged tests need root), then on one
-## 3-node kind cluster the Core profile against the reference through the kind
-## topology, the cluster topology's tests, and Core through the cluster topology
-test: deps deps-generate deps-browser binaries kind-image lint lint-ci
-	$(GO) test -count=1 -p 1 -timeout 60m ./...
-	$(MAKE) kind-cluster-conformance
+## check: the fast tier, for the edit-test loop: gofmt, vet, staticcheck and every test
+## that needs neither root nor a third-party binary (go test -short); no install, no build
+check: lint
+	$(GO) test -short -count=1 ./...
+
+# make test's record of where its time went (make test-time prints it).
+TESTLOG := $(OUT)/test
+# The packages of the peers tier (make test-peers): the drivers' own suites, which need
+# their peer's binaries. make test runs every other package, the self-test and the
+# kube-proxy peers on their own lines, and guards the tier's results in the ledger
+# (conformance/peers, TestPeerTierResultsCurrent).
+PEER_TIER_PKGS := ./conformance/cmd/cilium-driver ./conformance/cmd/kube-router-driver
+TEST_PKGS = $(shell $(GO) list ./... | grep -v -e '/conformance/peers$$' -e '/conformance/selftest$$' \
+	$(foreach p,$(PEER_TIER_PKGS),-e '$(patsubst ./%,/%,$(p))$$'))
+
+# step NAME,COMMAND runs COMMAND and notes its seconds in $(TESTLOG)/steps.tsv; a step
+# that fails prints where the time went before make stops.
+define step
+	@s=$$SECONDS; $(2); rc=$$?; printf '%s\t%d\t%d\n' '$(1)' $$((SECONDS - s)) $$rc >> $(TESTLOG)/steps.tsv; \
+	if [ $$rc -ne 0 ]; then $(MAKE) --no-print-directory test-time; fi; exit $$rc
+endef
+
+## test: everything that proves the project (privileged tests need root): the fast tier
+## (check); every other test as root; the self-test; the kube-proxy peers (Core in both
+## modes, ModeSwitch); on one 3-node kind cluster, Core against the reference through the
+## kind topology and the cluster topology's tests; then where the time went. The peers
+## tier (Cilium, kube-router) is guarded by its results in docs/results, not run.
+test:
+	@rm -rf $(TESTLOG); mkdir -p $(TESTLOG)
+	$(call step,check,$(MAKE) --no-print-directory check)
+	$(call step,installs and builds,$(MAKE) --no-print-directory deps deps-generate deps-browser control-plane cni kind-image build lint-ci)
+	$(call step,go test (privileged),set -o pipefail; $(GO) test -count=1 -p 1 -timeout 40m $(TEST_PKGS) 2>&1 | tee $(TESTLOG)/go-test.log)
+	$(call step,self-test,set -o pipefail; $(GO) test -count=1 -timeout 40m ./conformance/selftest/ 2>&1 | tee -a $(TESTLOG)/go-test.log)
+	$(call step,peers: kube-proxy,set -o pipefail; $(GO) test -count=1 -timeout 30m ./conformance/peers/ -ginkgo.label-filter '!cilium && !kube-router' 2>&1 | tee -a $(TESTLOG)/go-test.log)
+	$(call step,kind-cluster-conformance,$(MAKE) --no-print-directory kind-cluster-conformance)
+	@$(MAKE) --no-print-directory test-time
+
+## test-time: print where the last make test's time went: its steps, each package, and
+## the self-test's and peers' runs by phase
+test-time:
+	@$(GO) run ./internal/testtime $(TESTLOG) $(OUT)/selftest/phases.tsv $(OUT)/peers/phases.tsv
+
+## test-peers: the peers tier: the Cilium and kube-router drivers' suites and their
+## peers' full profiles, and kube-proxy's runs (PEERS=cilium, say, for one), each
+## complete run written into the results ledger (docs/results) with the commit it ran
+## at; commit the entries: make test fails while one is older than what it is judged by
+PEERS ?= cilium kube-router kube-proxy
+test-peers: deps control-plane cni $(filter cilium kube-router,$(PEERS)) build
+	$(GO) test -count=1 -p 1 -timeout 30m $(foreach p,$(PEERS),./conformance/cmd/$(p)-driver)
+	DPC_LEDGER=1 $(GO) test -count=1 -timeout 60m ./conformance/peers/ -run 'TestPeers$$' -ginkgo.v \
+		-ginkgo.label-filter '$(subst $() , || ,$(strip $(PEERS)))'
 
 ## bench: the project's benchmarks, with their figures (not part of `make test`)
-bench: deps binaries
+bench: deps control-plane cni
 	$(GO) test -count=1 -p 1 -run '^$$' -bench . -benchtime 3x -timeout 60m ./...
 
 ## conformance: run the suite against DRIVER (default: the reference) on a netns topology
 ## (QUIET=1: a line per result, for CI logs)
-conformance: deps binaries build
+conformance: deps control-plane cni build
 	$(BIN)/dpconform run --driver $(DRIVER) $(if $(PROFILES),--profiles $(PROFILES)) $(if $(QUIET),--quiet) --output $(OUT)/conformance
 
 ## kind-conformance: the Core profile (PROFILES) against DRIVER on a 2-node kind cluster:
 ## cluster up, suite, report in _output/kind-conformance, cluster down (also on failure)
-kind-conformance: deps deps-kind binaries kind-image build
+kind-conformance: deps deps-kind control-plane cni kind-image build
 	$(BIN)/dpconform run --topology kind --driver $(DRIVER) --profiles $(or $(PROFILES),Core) --output $(OUT)/kind-conformance -v
 
 ## kind-cluster-conformance: one kind cluster of three nodes serving two runs: Core
@@ -167,7 +212,7 @@ kind-conformance: deps deps-kind binaries kind-image build
 ## the restart specs' probes starve (README, the cluster topology).
 CLUSTER_CORE_CPUS := 4
 CLUSTER_CORE ?= $(shell [ "$$(nproc)" -ge $(CLUSTER_CORE_CPUS) ] && echo 1 || echo 0)
-kind-cluster-conformance: deps deps-kind binaries kind-image build
+kind-cluster-conformance: deps deps-kind control-plane cni kind-image build
 	$(GO) test -c -o $(OUT)/cluster.test ./topologies/cluster/
 	$(BIN)/dpconform run --topology kind --kind-nodes 3 --driver $(DRIVER) --profiles $(or $(PROFILES),Core) --output $(OUT)/kind-conformance -v \
 		--kind-then 'export DPC_CLUSTER_KUBECONFIG="$$DPC_KIND_KUBECONFIG" DPC_CLUSTER_DPCONFORM=$(CURDIR)/$(BIN)/dpconform; \
@@ -180,16 +225,12 @@ kind-cluster-conformance: deps deps-kind binaries kind-image build
 				--output $(OUT)/cluster-conformance -v && exit $$t'
 
 ## selftest: every spec passes against the clean reference and fails against each fault it names
-selftest: deps binaries
+selftest: deps control-plane cni
 	$(GO) test -count=1 -timeout 60m ./conformance/selftest/ -ginkgo.v
 
 ## docs: write docs/specs.md from the spec registry (a test fails when it differs)
 docs:
 	$(GO) run ./conformance/cmd/dpconform specs --markdown > docs/specs.md.new && mv docs/specs.md.new docs/specs.md
-
-## peers-cilium: the Core profile against real Cilium alone (make test runs it with the other peers)
-peers-cilium: deps binaries
-	$(GO) test -count=1 -timeout 40m ./conformance/peers/ -ginkgo.label-filter cilium -ginkgo.v
 
 ## cleanup: remove what killed runs left behind (netns and kind)
 cleanup: build

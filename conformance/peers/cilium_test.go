@@ -26,21 +26,25 @@ var knownCilium = map[string][]conformance.FailureKind{
 
 // The Core profile against the Cilium agent (v1.20.2, built by `make cilium`) with its
 // kube-proxy replacement and CNI plugin, through conformance/cmd/cilium-driver. The
-// driver is built only if there is a Core spec to run.
+// driver is built only if there is a Core spec to run. A tier peer (ledger_test.go):
+// `make test-peers` runs it and writes the run into the ledger.
 var _ = Describe("cilium", Label("cilium"), Ordered, ContinueOnFailure, func() {
 	var ciliumDriver string
+	pub := newPublication("cilium", "core")
 	BeforeAll(func(ctx SpecContext) {
 		ciliumDriver = drivertest.Build(ctx, "conformance/cmd/cilium-driver")
 	}, NodeTimeout(5*time.Minute))
+	AfterAll(pub.write)
 
 	for _, s := range conformance.Specs() {
 		if s.Profile != conformance.Core {
 			continue
 		}
 		It("passes "+s.ID, func(ctx SpecContext) {
-			res := runPeer(ctx, drivertest.NewExec(ciliumDriver), "cilium", s, snatChurnShort(), "cilium", s.ID)
+			res, r := runPeerWith(ctx, drivertest.NewExec(ciliumDriver), "cilium", s, snatChurnShort(), "cilium", s.ID)
 			AddReportEntry("duration", res.Duration.Round(time.Second).String())
 			expectPassedOrKnown(res, "Cilium", "docs/cilium.md", knownCilium[s.ID])
+			pub.add(res, r) // only a result its documentation accepts
 		}, SpecTimeout(8*time.Minute))
 	}
 })

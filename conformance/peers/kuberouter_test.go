@@ -24,20 +24,24 @@ var knownKubeRouter = map[string][]conformance.FailureKind{
 
 // The Policy profile against kube-router's network policy controller (v2.1.0, built by
 // `make kube-router`), through conformance/cmd/kube-router-driver. The driver is built
-// only if there is a Policy spec to run.
+// only if there is a Policy spec to run. A tier peer (ledger_test.go): `make
+// test-peers` runs it and writes the run into the ledger.
 var _ = Describe("kube-router", Label("kube-router"), Ordered, func() {
 	var kubeRouterDriver string
+	pub := newPublication("kube-router", "policy")
 	BeforeAll(func(ctx SpecContext) {
 		kubeRouterDriver = drivertest.Build(ctx, "conformance/cmd/kube-router-driver")
 	}, NodeTimeout(5*time.Minute))
+	AfterAll(pub.write)
 
 	for _, s := range conformance.Specs() {
 		if s.Profile != conformance.Policy {
 			continue
 		}
 		It("passes "+s.ID, func(ctx SpecContext) {
-			res := runPeer(ctx, drivertest.NewExec(kubeRouterDriver), "kube-router", s, conformance.Budgets{}, "kube-router", s.ID)
+			res, r := runPeerWith(ctx, drivertest.NewExec(kubeRouterDriver), "kube-router", s, conformance.Budgets{}, "kube-router", s.ID)
 			expectPassedOrKnown(res, "kube-router", "docs/kube-router.md", knownKubeRouter[s.ID])
+			pub.add(res, r) // only a result its documentation accepts
 		}, SpecTimeout(15*time.Minute))
 	}
 })

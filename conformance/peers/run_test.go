@@ -22,6 +22,14 @@ var phaseLog = &conformance.PhaseLog{Path: filepath.Join("..", "..", "_output", 
 // catalogue's), with its output under _output/out.
 func runPeer(ctx context.Context, d driver.Driver, peer string, s conformance.Spec, b conformance.Budgets, out ...string) conformance.Result {
 	GinkgoHelper()
+	res, _ := runPeerWith(ctx, d, peer, s, b, out...)
+	return res
+}
+
+// runPeerWith is runPeer, which also returns the runner, for a run to publish
+// (publication.add).
+func runPeerWith(ctx context.Context, d driver.Driver, peer string, s conformance.Spec, b conformance.Budgets, out ...string) (conformance.Result, *conformance.Runner) {
+	GinkgoHelper()
 	prog, err := probe.Self()
 	Expect(err).NotTo(HaveOccurred())
 	r, err := conformance.NewRunner(ctx, conformance.Config{
@@ -36,7 +44,7 @@ func runPeer(ctx context.Context, d driver.Driver, peer string, s conformance.Sp
 	if err := phaseLog.Add(peer, res); err != nil {
 		GinkgoWriter.Printf("phase log: %v\n", err)
 	}
-	return res
+	return res, r
 }
 
 // expectPassedOrKnown holds a peer's result to its documentation: it passed, or it
