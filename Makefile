@@ -115,7 +115,7 @@ CALICO_SRC ?=
 calico:
 	@topologies/binaries/calico/build.sh "$(CALICO_SRC)"
 
-## kind-image: build the kind node image offline once (README: the kind topology)
+## kind-image: build the kind node image offline once (docs/topologies.md, the kind topology)
 kind-image: deps-kind control-plane kind-node-binaries
 	@nice -n 19 $(GO) run ./topologies/kind/cmd/kind-image
 
@@ -209,7 +209,7 @@ kind-conformance: deps deps-kind control-plane cni kind-image build
 ## CLUSTER_CORE=1 runs Core through the cluster topology, 0 leaves it out (saying so);
 ## by default it runs on a machine of CLUSTER_CORE_CPUS CPUs or more. On 2 cores the
 ## three nodes' probes, relays and control plane want more than the machine has, and
-## the restart specs' probes starve (README, the cluster topology).
+## the restart specs' probes starve (docs/topologies.md, the cluster topology).
 CLUSTER_CORE_CPUS := 4
 CLUSTER_CORE ?= $(shell [ "$$(nproc)" -ge $(CLUSTER_CORE_CPUS) ] && echo 1 || echo 0)
 kind-cluster-conformance: deps deps-kind control-plane cni kind-image build
@@ -218,7 +218,7 @@ kind-cluster-conformance: deps deps-kind control-plane cni kind-image build
 		--kind-then 'export DPC_CLUSTER_KUBECONFIG="$$DPC_KIND_KUBECONFIG" DPC_CLUSTER_DPCONFORM=$(CURDIR)/$(BIN)/dpconform; \
 			$(CURDIR)/$(OUT)/cluster.test -test.count=1 -test.v -test.timeout 15m; t=$$?; \
 			if [ "$(CLUSTER_CORE)" != 1 ]; then \
-				echo "kind-cluster-conformance: NOT RUN: Core through the cluster topology: this machine has $$(nproc) CPUs, fewer than $(CLUSTER_CORE_CPUS), too few for the three nodes (README, the cluster topology); CLUSTER_CORE=1 runs it"; \
+				echo "kind-cluster-conformance: NOT RUN: Core through the cluster topology: this machine has $$(nproc) CPUs, fewer than $(CLUSTER_CORE_CPUS), too few for the three nodes (docs/topologies.md, the cluster topology); CLUSTER_CORE=1 runs it"; \
 				exit $$t; fi; \
 			$(CURDIR)/$(BIN)/dpconform run --topology cluster --kubeconfig "$$DPC_KIND_KUBECONFIG" \
 				--spare-address "$$DPC_KIND_SPARE_ADDRESSES" --driver $(DRIVER) --profiles $(or $(PROFILES),Core) \
@@ -228,9 +228,12 @@ kind-cluster-conformance: deps deps-kind control-plane cni kind-image build
 selftest: deps control-plane cni
 	$(GO) test -count=1 -timeout 60m ./conformance/selftest/ -ginkgo.v
 
-## docs: write docs/specs.md from the spec registry (a test fails when it differs)
+## docs: write docs/specs.md from the spec registry, and from the results ledger its page
+## (docs/results/README.md, the transition matrix) and README.md's generated blocks (tests
+## fail when they differ)
 docs:
 	$(GO) run ./conformance/cmd/dpconform specs --markdown > docs/specs.md.new && mv docs/specs.md.new docs/specs.md
+	$(GO) run ./conformance/cmd/dpconform matrix --write docs/results
 
 ## cleanup: remove what killed runs left behind (netns and kind)
 cleanup: build

@@ -38,6 +38,10 @@ usage:
   dpconform report DIR                 make report.yaml and report.html again from the
                                        run data saved in DIR
   dpconform specs [--markdown]         list the spec catalogue (--markdown: docs/specs.md)
+  dpconform matrix [--beside DIR ...] LEDGER
+                                       the transition matrix of the results ledger
+                                       (docs/results), with runs of one's own beside it;
+                                       --write: the ledger's page and README's blocks
   dpconform cleanup [--run ID ...] [--images]
                                        remove what killed runs left behind, netns and
                                        kind (idempotent); --images: the kind images too
@@ -68,6 +72,8 @@ func main() {
 		err = report(os.Args[2:])
 	case "specs":
 		err = specs(os.Args[2:])
+	case "matrix":
+		err = matrix(os.Args[2:])
 	case "probe":
 		os.Exit(probe.Main(os.Args[2:]))
 	case "pause":

@@ -1,0 +1,74 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/results"
+)
+
+// stringList is a flag that may be given more than once.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
+
+// matrix prints the transition matrix of the ledger at its argument, with runs of
+// one's own beside it (--beside DIR, a run's output directory), or with --write makes
+// the ledger's page and the README's generated blocks (make docs).
+func matrix(args []string) error {
+	fs := flag.NewFlagSet("matrix", flag.ExitOnError)
+	write := fs.Bool("write", false, "write LEDGER/README.md and the generated blocks of --readme (make docs)")
+	readme := fs.String("readme", "README.md", "the README whose generated blocks --write updates")
+	var beside stringList
+	fs.Var(&beside, "beside", "a run's output directory (its report.yaml) to set beside the ledger's runs; repeatable")
+	fs.Parse(args)
+	if fs.NArg() != 1 {
+		return errors.New("usage: dpconform matrix [--write [--readme README.md]] [--beside DIR ...] LEDGER (e.g. docs/results)")
+	}
+	root := fs.Arg(0)
+	if *write {
+		if len(beside) > 0 {
+			return errors.New("matrix: --write makes the ledger's own page; --beside is for printing")
+		}
+		g, err := results.Generate(root)
+		if err != nil {
+			return err
+		}
+		text, err := os.ReadFile(*readme)
+		if err != nil {
+			return err
+		}
+		out, err := g.ApplyToReadme(string(text))
+		if err != nil {
+			return err
+		}
+		if err := os.WriteFile(filepath.Join(root, results.PageFile), []byte(g.Page), 0o644); err != nil {
+			return err
+		}
+		return os.WriteFile(*readme, []byte(out), 0o644)
+	}
+	cols, err := results.Load(root)
+	if err != nil {
+		return err
+	}
+	for _, dir := range beside {
+		rep, err := results.ReadReport(filepath.Join(dir, conformance.YAMLFile))
+		if err != nil {
+			return fmt.Errorf("--beside %s: %w (a run's output directory holds its report.yaml)", dir, err)
+		}
+		cols = append(cols, results.Column{
+			Title:  fmt.Sprintf("%s %s (%s)", rep.Implementation.Name, rep.Implementation.Version, dir),
+			Link:   filepath.ToSlash(filepath.Join(dir, conformance.YAMLFile)),
+			Report: rep,
+		})
+	}
+	fmt.Print(results.Headline(cols, ""))
+	fmt.Print(results.Matrix(cols))
+	return nil
+}

@@ -1,0 +1,118 @@
+package results
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/dpconform/dpconform/conformance"
+	_ "github.com/dpconform/dpconform/conformance/specs"
+	"github.com/dpconform/dpconform/internal/ledger"
+)
+
+// The committed ledger page and the README's generated blocks are what the ledger
+// makes (make docs writes them).
+func TestCommittedPagesCurrent(t *testing.T) {
+	if err := Check(filepath.Join("..", "..", "docs", "results"), filepath.Join("..", "..", "README.md")); err != nil {
+		t.Error(err)
+	}
+}
+
+// ledgerWith makes a ledger of one run whose report has one passed and one failed
+// Core spec, with the README both blocks, generated.
+func ledgerWith(t *testing.T) (root, readme string) {
+	t.Helper()
+	dir := t.TempDir()
+	root = filepath.Join(dir, "results")
+	run := filepath.Join(root, "peer", "v1", "core")
+	if err := os.MkdirAll(run, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	budget := 200.0
+	rep := conformance.Report{
+		APIVersion: "dpconform.io/v1alpha1", Kind: "ConformanceReport", Topology: "netns",
+		Implementation: conformance.Implementation{Name: "peer", Version: "v1", Profiles: []string{"Core"}},
+		Profiles: []conformance.ProfileReport{{Name: conformance.Core, Claimed: true, Result: conformance.Failed, Specs: []conformance.SpecReport{
+			{ID: "RESTART-ESTABLISHED", Result: conformance.Passed, Checks: []conformance.CheckReport{{Name: "streams", Figures: []conformance.FigureReport{
+				{Name: "max_gap", Measured: "max gap 12 ms (budget 200 ms)", Value: 12, Budget: &budget, Within: true}}}}},
+			{ID: "SVC-ENDPOINT-VANISH", Result: conformance.Failed, Kind: "hang", Checks: []conformance.CheckReport{{Name: "streams end", Figures: []conformance.FigureReport{
+				{Name: "hung", Measured: "hung 9 of 9 (budget 0)", Value: 9, Budget: new(float64), Within: false}}}}},
+		}}},
+	}
+	path := filepath.Join(run, ledger.ReportFile)
+	if err := rep.WriteYAML(path); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(run, ledger.ProvenanceFile), []byte("commit: abc\ntopology: netns\ncommand: make test-peers PEERS=peer\ndate: 2026-01-01T00:00:00Z\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, TimingsFile), []byte("what\tseconds\tcommit\tmachine\tnote\nmake check\t125\tabc\t2 CPUs\twarm\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	readme = filepath.Join(dir, "README.md")
+	text := "# x\n<!-- BEGIN GENERATED: matrix headline (x) -->\n<!-- END GENERATED -->\nTime:\n<!-- BEGIN GENERATED: timings (y) -->\nold\n<!-- END GENERATED -->\nend\n"
+	g, err := Generate(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := g.ApplyToReadme(text)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(readme, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, PageFile), []byte(g.Page), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return root, readme
+}
+
+// The matrix shows a pass with its figure, a failure with its kind and the figure
+// over budget, and a spec the run did not hold as such; the headline counts passes.
+func TestMatrixCells(t *testing.T) {
+	root, readme := ledgerWith(t)
+	page, _ := os.ReadFile(filepath.Join(root, PageFile))
+	for _, want := range []string{
+		"| RESTART-ESTABLISHED | passed: max gap 12 ms (budget 200 ms) |",
+		"| SVC-ENDPOINT-VANISH | **failed** (hang): hung 9 of 9 (budget 0) |",
+		"| NODE-ADDRESS-CHANGE | not in this run |",
+		"| POLICY-TRUTH-TABLE | not claimed |",
+		"**1 of 2**",
+		"(peer/v1/core/report.yaml)",
+	} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("the page lacks %q:\n%s", want, page)
+		}
+	}
+	text, _ := os.ReadFile(readme)
+	if !strings.Contains(string(text), "make check: **2 min 05 s** (2 CPUs, at abc); warm") || strings.Contains(string(text), "old") {
+		t.Errorf("README's timings block not generated:\n%s", text)
+	}
+}
+
+// Check fails when the page or a README block differs from what the ledger makes, and
+// when the README lost a block.
+func TestCheckFailsOnDrift(t *testing.T) {
+	root, readme := ledgerWith(t)
+	if err := Check(root, readme); err != nil {
+		t.Fatalf("Check right after generating: %v", err)
+	}
+	page := filepath.Join(root, PageFile)
+	data, _ := os.ReadFile(page)
+	os.WriteFile(page, []byte(strings.Replace(string(data), "max gap 12 ms", "max gap 11 ms", 1)), 0o644)
+	if err := Check(root, readme); err == nil || !strings.Contains(err.Error(), "make docs") {
+		t.Errorf("Check with a hand-edited page: %v, want an error naming make docs", err)
+	}
+	os.WriteFile(page, data, 0o644)
+	text, _ := os.ReadFile(readme)
+	os.WriteFile(readme, []byte(strings.Replace(string(text), "2 min 05 s", "1 min 05 s", 1)), 0o644)
+	if err := Check(root, readme); err == nil {
+		t.Error("Check with a hand-edited README block: nil, want an error")
+	}
+	os.WriteFile(readme, []byte("# no blocks\n"), 0o644)
+	if err := Check(root, readme); err == nil || !strings.Contains(err.Error(), "matrix headline") {
+		t.Errorf("Check of a README without its blocks: %v, want an error naming the block", err)
+	}
+}
