@@ -18,7 +18,7 @@ CILIUM_PKGS := clang-19
 .PHONY: all deps deps-generate deps-kind deps-browser deps-cilium control-plane cni \
         kube-router cilium kind-node-binaries binaries build check test test-peers test-time \
         lint lint-ci actionlint bench conformance kind-image kind-conformance \
-        kind-cluster-conformance selftest calico generate docs cleanup clean
+        kind-cluster-conformance selftest calico generate docs publish-conformance cleanup clean
 
 # The implementation `make conformance` runs against, and the profiles to run
 # (default: every profile it claims).
@@ -195,6 +195,12 @@ bench: deps control-plane cni
 ## (QUIET=1: a line per result, for CI logs)
 conformance: deps control-plane cni build
 	$(BIN)/dpconform run --driver $(DRIVER) $(if $(PROFILES),--profiles $(PROFILES)) $(if $(QUIET),--quiet) --output $(OUT)/conformance
+
+## publish-conformance: put the last make conformance run into the results ledger as
+## RUN (default all-profiles), with the commit it ran at (commit first; then make docs)
+RUN ?= all-profiles
+publish-conformance: build
+	$(BIN)/dpconform publish --run $(RUN) --command "make conformance$(if $(PROFILES), PROFILES=$(PROFILES))" $(OUT)/conformance docs/results
 
 ## kind-conformance: the Core profile (PROFILES) against DRIVER on a 2-node kind cluster:
 ## cluster up, suite, report in _output/kind-conformance, cluster down (also on failure)

@@ -42,6 +42,9 @@ usage:
                                        the transition matrix of the results ledger
                                        (docs/results), with runs of one's own beside it;
                                        --write: the ledger's page and README's blocks
+  dpconform publish --run NAME --command CMD OUTPUT_DIR LEDGER
+                                       put a run's report into the results ledger with
+                                       its provenance (the repository's commit)
   dpconform cleanup [--run ID ...] [--images]
                                        remove what killed runs left behind, netns and
                                        kind (idempotent); --images: the kind images too
@@ -74,6 +77,8 @@ func main() {
 		err = specs(os.Args[2:])
 	case "matrix":
 		err = matrix(os.Args[2:])
+	case "publish":
+		err = publish(os.Args[2:])
 	case "probe":
 		os.Exit(probe.Main(os.Args[2:]))
 	case "pause":

@@ -6,10 +6,15 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/conformance/results"
+	"github.com/dpconform/dpconform/internal/ledger"
 )
 
 // stringList is a flag that may be given more than once.
@@ -71,4 +76,50 @@ func matrix(args []string) error {
 	fmt.Print(results.Headline(cols, ""))
 	fmt.Print(results.Matrix(cols))
 	return nil
+}
+
+// publish puts a run's report into the results ledger with its provenance: the
+// repository's commit, which the work tree must not differ from outside docs/.
+func publish(args []string) error {
+	fs := flag.NewFlagSet("publish", flag.ExitOnError)
+	name := fs.String("run", "", "the run's name in the ledger, e.g. all-profiles (required)")
+	command := fs.String("command", "", "the command that runs it again (required)")
+	repo := fs.String("repo", ".", "the dpconform repository the run ran from")
+	fs.Parse(args)
+	if fs.NArg() != 2 || *name == "" || *command == "" {
+		return errors.New("usage: dpconform publish --run NAME --command CMD [--repo DIR] OUTPUT_DIR LEDGER (e.g. _output/conformance docs/results)")
+	}
+	out, root := fs.Arg(0), fs.Arg(1)
+	report := filepath.Join(out, conformance.YAMLFile)
+	rep, err := results.ReadReport(report)
+	if err != nil {
+		return fmt.Errorf("%w (OUTPUT_DIR is a run's output directory)", err)
+	}
+	head, err := ledger.Head(*repo)
+	if err != nil {
+		return err
+	}
+	date, err := time.Parse(time.RFC3339, rep.Date)
+	if err != nil {
+		return fmt.Errorf("%s: date: %w", report, err)
+	}
+	version, _, _ := strings.Cut(rep.Implementation.Version, " ")
+	dir := filepath.Join(root, rep.Implementation.Name, version, *name)
+	p := ledger.Provenance{Commit: head, Topology: rep.Topology, Command: *command, Date: date, Machine: machine()}
+	// Everything but the docs may decide a run of the reference.
+	if err := ledger.Write(*repo, dir, report, p, []string{".", ":(exclude)docs"}); err != nil {
+		return err
+	}
+	fmt.Println("wrote", dir)
+	return nil
+}
+
+// machine describes this machine for the ledger: CPUs and kernel.
+func machine() string {
+	var u unix.Utsname
+	kernel := "unknown kernel"
+	if unix.Uname(&u) == nil {
+		kernel = "Linux " + unix.ByteSliceToString(u.Release[:])
+	}
+	return fmt.Sprintf("%d CPUs, %s", runtime.NumCPU(), kernel)
 }
