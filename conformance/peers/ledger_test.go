@@ -4,14 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"golang.org/x/sys/unix"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/internal/ledger"
@@ -59,20 +57,24 @@ var tierRuns = []tierRun{
 }
 
 // judgedBy are the paths (git pathspecs, from the repository's root) whose content
-// decides a tier peer's results: the suite's engine and specs, the instrument and the
-// driver contract (fv), the netns topology and control plane, the shared internals,
-// the module's dependencies, and the peer's own driver, build, expectations and this
-// package's runner. Tests of those packages (but the peer's expectations) and the
-// docs do not.
+// decides a tier run's results: the suite's engine and specs, the instrument and the
+// driver contract (fv), the topology's code and control plane, the shared internals,
+// the module's dependencies, and the peer's own driver, build, documented behaviours
+// and this package's runner. Tests of those packages and the docs do not. Git lets an
+// exclude win over any include, so no exclude names a folder an include is in
+// (TestJudgedByCoversWhatDecidesARun).
 func (p tierRun) judgedBy() []string {
 	return []string{
-		"conformance", "fv", "topologies", "internal", "go.mod", "go.sum",
-		":(exclude)conformance/cmd", ":(exclude)conformance/selftest", ":(exclude)conformance/peers",
-		":(exclude)conformance/bench", ":(exclude)topologies/kind", ":(exclude)topologies/cluster",
-		":(exclude)topologies/binaries", ":(exclude)internal/ledger", ":(exclude)internal/layering",
-		":(exclude)internal/testtime", ":(exclude)conformance/results", ":(exclude,glob)**/*_test.go", ":(exclude,glob)**/testdata/**",
+		":(glob)conformance/*", "conformance/specs", "fv", ":(glob)topologies/*",
+		"topologies/netns", "topologies/controlplane", "topologies/kubeobj", "internal",
+		"go.mod", "go.sum",
+		":(exclude,glob)conformance/*_test.go", ":(exclude,glob)conformance/specs/*_test.go",
+		":(exclude,glob)fv/**/*_test.go", ":(exclude,glob)topologies/**/*_test.go",
+		":(exclude,glob)internal/**/*_test.go", ":(exclude,glob)**/testdata/**",
+		":(exclude)internal/ledger", ":(exclude)internal/layering", ":(exclude)internal/testtime",
 		"conformance/cmd/" + p.Peer + "-driver", ":(exclude,glob)conformance/cmd/" + p.Peer + "-driver/*_test.go",
-		"topologies/binaries/go.mod", "topologies/binaries/go.sum", "topologies/binaries/build.sh", "topologies/binaries/" + p.Peer,
+		"topologies/binaries/go.mod", "topologies/binaries/go.sum", "topologies/binaries/build.sh",
+		"topologies/binaries/" + p.Peer,
 		"conformance/peers/run_test.go", "conformance/peers/" + p.TestFile,
 	}
 }
@@ -126,19 +128,9 @@ func (p *publication) write() {
 	dir := filepath.Join(repoRoot, ledgerRoot, p.peer.Peer, rec.Implementation.Version, p.peer.Run)
 	prov := ledger.Provenance{
 		Commit: head, Topology: "netns", Command: "make test-peers PEERS=" + p.peer.Peer,
-		Date: rec.Date, Machine: machine(),
+		Date: rec.Date, Machine: ledger.Machine(),
 	}
 	Expect(ledger.Write(repoRoot, dir, report, prov, p.peer.judgedBy())).To(Succeed())
 	AddReportEntry("ledger", "wrote "+strings.TrimPrefix(dir, repoRoot+"/"))
 	GinkgoWriter.Printf("ledger: wrote %s\n", dir)
-}
-
-// machine describes this machine for the ledger: CPUs and kernel.
-func machine() string {
-	var u unix.Utsname
-	kernel := "unknown kernel"
-	if unix.Uname(&u) == nil {
-		kernel = "Linux " + unix.ByteSliceToString(u.Release[:])
-	}
-	return fmt.Sprintf("%d CPUs, %s", runtime.NumCPU(), kernel)
 }

@@ -2,6 +2,7 @@ package peers
 
 import (
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/dpconform/dpconform/internal/ledger"
@@ -33,6 +34,40 @@ func TestPeerTierResultsCurrent(t *testing.T) {
 			}
 			if why != "" {
 				t.Error(why)
+			}
+		})
+	}
+}
+
+// What a tier run is judged by takes in the code that decides its verdicts, the peer's
+// driver and its documented behaviours among them, and leaves out the docs, other
+// tests and what only publishes: a pathspec that excluded a folder an include is in
+// would drop the include without a word.
+func TestJudgedByCoversWhatDecidesARun(t *testing.T) {
+	for _, p := range tierRuns {
+		t.Run(p.Peer+"/"+p.Run, func(t *testing.T) {
+			files, err := ledger.Files(repoRoot, p.judgedBy())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, want := range []string{
+				"conformance/runner.go", "conformance/specs/restart_nodeport_new.go", "fv/probe/config.go",
+				"fv/matchers/streams.go", "topologies/netns/cleanup.go", "topologies/controlplane/reset.go",
+				"conformance/cmd/" + p.Peer + "-driver/main.go", "conformance/peers/run_test.go",
+				"conformance/peers/" + p.TestFile, "topologies/binaries/go.mod", "go.mod",
+			} {
+				if !slices.Contains(files, want) {
+					t.Errorf("%s is not among what the run is judged by", want)
+				}
+			}
+			for _, not := range []string{
+				"docs/README.md", "conformance/selftest/selftest_test.go", "conformance/cmd/dpconform/main.go",
+				"conformance/specs/catalogue_test.go", "conformance/peers/tier_test.go", "internal/ledger/ledger.go",
+				"conformance/results/matrix.go", "topologies/kind/kind.go", "fv/probe/bench_test.go",
+			} {
+				if slices.Contains(files, not) {
+					t.Errorf("%s is among what the run is judged by; it decides no verdict", not)
+				}
 			}
 		})
 	}

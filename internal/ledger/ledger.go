@@ -18,10 +18,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
 	"sigs.k8s.io/yaml"
 )
 
@@ -146,10 +148,27 @@ func Stale(repo string, r Run, judgedBy []string) (string, error) {
 		r.Dir, short(r.Provenance.Commit), strings.Join(list, ", "), r.Provenance.Command), nil
 }
 
+// Machine describes this machine for a provenance: its CPUs and kernel.
+func Machine() string {
+	var u unix.Utsname
+	kernel := "unknown kernel"
+	if unix.Uname(&u) == nil {
+		kernel = "Linux " + unix.ByteSliceToString(u.Release[:])
+	}
+	return fmt.Sprintf("%d CPUs, %s", runtime.NumCPU(), kernel)
+}
+
 // Head returns repo's current commit.
 func Head(repo string) (string, error) {
 	out, err := git(repo, "rev-parse", "HEAD")
 	return strings.TrimSpace(out), err
+}
+
+// Files lists the files of repo's index that pathspecs take in: what a run judged by
+// them is judged by.
+func Files(repo string, pathspecs []string) ([]string, error) {
+	out, err := git(repo, append([]string{"ls-files", "--"}, pathspecs...)...)
+	return strings.Fields(out), err
 }
 
 // diff lists the files among pathspecs whose content in repo's work tree differs from

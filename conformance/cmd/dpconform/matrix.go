@@ -6,11 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/conformance/results"
@@ -105,21 +102,11 @@ func publish(args []string) error {
 	}
 	version, _, _ := strings.Cut(rep.Implementation.Version, " ")
 	dir := filepath.Join(root, rep.Implementation.Name, version, *name)
-	p := ledger.Provenance{Commit: head, Topology: rep.Topology, Command: *command, Date: date, Machine: machine()}
+	p := ledger.Provenance{Commit: head, Topology: rep.Topology, Command: *command, Date: date, Machine: ledger.Machine()}
 	// Everything but the docs may decide a run of the reference.
 	if err := ledger.Write(*repo, dir, report, p, []string{".", ":(exclude)docs"}); err != nil {
 		return err
 	}
 	fmt.Println("wrote", dir)
 	return nil
-}
-
-// machine describes this machine for the ledger: CPUs and kernel.
-func machine() string {
-	var u unix.Utsname
-	kernel := "unknown kernel"
-	if unix.Uname(&u) == nil {
-		kernel = "Linux " + unix.ByteSliceToString(u.Release[:])
-	}
-	return fmt.Sprintf("%d CPUs, %s", runtime.NumCPU(), kernel)
 }
