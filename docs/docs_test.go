@@ -1,5 +1,6 @@
 // Package docs holds the tests that keep the documentation from drifting: every link
-// resolves to a file of the repository, no page cites a file outside it, and every Go
+// resolves to a file of the repository, every page a page names in text is one of it,
+// and every Go
 // listing is the compiled source it is marked as.
 package docs
 
@@ -43,8 +44,9 @@ func pages(root string) ([]string, error) {
 // link matches a Markdown link's target: [text](target) or [text](target "title").
 var link = regexp.MustCompile(`\]\(([^)\s]+)(?:\s+"[^"]*")?\)`)
 
-// outside are citations of files that are not in the repository.
-var outside = []string{"shared/design", "../shared", "/work/"}
+// cited matches a path named in text rather than linked; one of a Markdown page, such
+// as `dir/PAGE.md`, must be a file of the repository too.
+var cited = regexp.MustCompile(`[\w.-]+(?:/[\w.-]+)+`)
 
 // checkReferences returns a problem per link of page that does not resolve to a file
 // or directory inside root, and per citation of a file outside the repository.
@@ -56,9 +58,9 @@ func checkReferences(root, page string) []string {
 	rel, _ := filepath.Rel(root, page)
 	var problems []string
 	for i, line := range strings.Split(string(data), "\n") {
-		for _, o := range outside {
-			if strings.Contains(line, o) {
-				problems = append(problems, fmt.Sprintf("%s:%d cites %q, which is outside the repository: state what it says in the page's own words", rel, i+1, o))
+		for _, c := range cited.FindAllString(link.ReplaceAllString(line, "]"), -1) {
+			if strings.HasSuffix(c, ".md") && !exists(root, filepath.Dir(page), c) {
+				problems = append(problems, fmt.Sprintf("%s:%d cites %s, which is not in the repository: state what it says in the page's own words", rel, i+1, c))
 			}
 		}
 		for _, m := range link.FindAllStringSubmatch(line, -1) {
@@ -78,6 +80,21 @@ func checkReferences(root, page string) []string {
 		}
 	}
 	return problems
+}
+
+// exists reports whether the path a page cites is a file of the repository at root,
+// read from the root or from the page's directory.
+func exists(root, dir, path string) bool {
+	for _, base := range []string{root, dir} {
+		p := filepath.Clean(filepath.Join(base, path))
+		if r, err := filepath.Rel(root, p); err != nil || strings.HasPrefix(r, "..") {
+			continue
+		}
+		if _, err := os.Stat(p); err == nil {
+			return true
+		}
+	}
+	return false
 }
 
 // listingMark names the source a Go listing shows: a whole file, or one top-level
@@ -214,7 +231,7 @@ func TestDriftChecksFail(t *testing.T) {
 	}
 	write("x/x.go", "package x\n\n// F adds.\nfunc F(a, b int) int {\n\treturn a + b\n}\n")
 	write("README.md", "See [docs](docs/page.md) and [here](docs/page.md#a-section).\n")
-	write("docs/page.md", "As [the design](../../shared/design/SPECS.md) says; see [gone](gone.md).\n\n"+
+	write("docs/page.md", "As [the design](../../elsewhere/DESIGN.md) says, and `notes/DESIGN.md`; see [gone](gone.md) and docs/page.md.\n\n"+
 		"<!-- listing: x/x.go F -->\n```go\n// F adds.\nfunc F(a, b int) int {\n\treturn a + b\n}\n```\n\n"+
 		"<!-- listing: x/x.go F -->\n```go\nfunc F(a, b int) int { return a - b }\n```\n\n"+
 		"```go\nfunc G() {}\n```\n")
@@ -235,9 +252,9 @@ func TestDriftChecksFail(t *testing.T) {
 			}
 		}
 	}
-	wantIn(refs, "shared/design", "gone.md")
-	if len(refs) != 4 { // two citations, the link outside the repository, gone.md
-		t.Errorf("reference problems %q: want 4 (README.md's links resolve)", refs)
+	wantIn(refs, "cites notes/DESIGN.md", "links ../../elsewhere/DESIGN.md, outside", "links gone.md")
+	if len(refs) != 3 { // the citation, the link outside the repository, gone.md
+		t.Errorf("reference problems %q: want 3 (README.md's links resolve)", refs)
 	}
 	wantIn(lists, "docs/page.md:12: the listing differs from x/x.go F", "docs/page.md:16: a Go listing with no")
 	if len(lists) != 2 {

@@ -14,12 +14,6 @@ import (
 	"github.com/dpconform/dpconform/internal/ledger"
 )
 
-// stringList is a flag that may be given more than once.
-type stringList []string
-
-func (l *stringList) String() string     { return strings.Join(*l, ",") }
-func (l *stringList) Set(v string) error { *l = append(*l, v); return nil }
-
 // matrix prints the transition matrix of the ledger at its argument, with runs of
 // one's own beside it (--beside DIR, a run's output directory), or with --write makes
 // the ledger's page and the README's generated blocks (make docs).
@@ -27,7 +21,7 @@ func matrix(args []string) error {
 	fs := flag.NewFlagSet("matrix", flag.ExitOnError)
 	write := fs.Bool("write", false, "write LEDGER/README.md and the generated blocks of --readme (make docs)")
 	readme := fs.String("readme", "README.md", "the README whose generated blocks --write updates")
-	var beside stringList
+	var beside multiFlag
 	fs.Var(&beside, "beside", "a run's output directory (its report.yaml) to set beside the ledger's runs; repeatable")
 	fs.Parse(args)
 	if fs.NArg() != 1 {
