@@ -70,8 +70,11 @@ var knownKubeProxy = map[string][]conformance.FailureKind{
 	// the spec's 1 in 1,000 in some runs.
 	"SVC-SNAT-PRESSURE": {matchers.KindTimeout},
 	// kube-proxy never ends a TCP flow: those of a backend that vanished without a
-	// FIN stay DNATed to it, silent, until the client gives up.
-	"SVC-ENDPOINT-VANISH": {matchers.KindHang},
+	// FIN stay DNATed to it, silent, until the client gives up. Nor does it delete
+	// the SYN_SENT entries of the attempts that went to it before its sync, so a new
+	// connection that reuses one of their source ports goes to it too
+	// (kubernetes/kubernetes#101607).
+	"SVC-ENDPOINT-VANISH": {matchers.KindHang, matchers.KindTimeout},
 }
 
 // knownKubeProxyIn adds, per mode, the documented behaviours of that mode alone: in
