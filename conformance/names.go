@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/fv/matchers"
 )
 

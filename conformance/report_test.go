@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/fv/matchers"
 )
 

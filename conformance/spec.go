@@ -17,7 +17,7 @@ import (
 	"sort"
 	"sync"
 
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/driver"
 )
 
 // FaultCase is a fault of the reference dataplane that a spec must catch, and the

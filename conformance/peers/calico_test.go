@@ -13,7 +13,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dpconform/dpconform/conformance"
-	"github.com/dpconform/dpconform/fv/driver/drivertest"
+	"github.com/dpconform/dpconform/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/internal/privileged"
 )

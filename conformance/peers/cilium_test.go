@@ -6,7 +6,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 
 	"github.com/dpconform/dpconform/conformance"
-	"github.com/dpconform/dpconform/fv/driver/drivertest"
+	"github.com/dpconform/dpconform/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/matchers"
 )
 

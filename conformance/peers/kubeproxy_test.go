@@ -14,7 +14,7 @@ import (
 
 	"github.com/dpconform/dpconform/conformance"
 	_ "github.com/dpconform/dpconform/conformance/specs"
-	"github.com/dpconform/dpconform/fv/driver/drivertest"
+	"github.com/dpconform/dpconform/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/privileged"

@@ -4,7 +4,7 @@ import (
 	"context"
 
 	"github.com/dpconform/dpconform/conformance"
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/workloads"
 )

@@ -14,20 +14,18 @@
 package kubeproxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/dpconform/dpconform/internal/innetns"
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver/daemon"
+	"github.com/dpconform/dpconform/driver/innetns"
 
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/controlplane"
@@ -186,32 +184,19 @@ func (f *Fixture) Start(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	log, err := os.OpenFile(f.Path(LogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return 0, fmt.Errorf("open kube-proxy log: %w", err)
-	}
-	defer log.Close()
 	cmd := exec.Command(f.Binary, f.args()...)
 	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = log, log
-	// Its own session: kube-proxy outlives the call that started it and its signals.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	fmt.Fprintf(log, "---- kube-proxy fixture: start %s in %s: %s\n", time.Now().Format(time.RFC3339Nano), f.NetNS, strings.Join(cmd.Args, " "))
-	start := func() error { return innetns.Do(f.NetNS, cmd.Start) }
+	launch := daemon.InNetNS(f.NetNS)
 	if f.StartIn != nil {
-		start = func() error { return f.StartIn(cmd) }
+		launch = f.StartIn
 	}
-	if err := start(); err != nil {
-		return 0, fmt.Errorf("start kube-proxy in %s: %w", f.NetNS, err)
-	}
-	pid := cmd.Process.Pid
-	// Reap it if it exits while this process lives; otherwise init does.
-	go func() { _ = cmd.Wait() }()
-	if err := os.WriteFile(f.Path(PIDFile), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		return 0, fmt.Errorf("write kube-proxy PID file: %w", err)
-	}
-	return pid, nil
+	return f.daemon().Start(cmd, launch)
+}
+
+// daemon is the node's kube-proxy process: its PID and log files, and the
+// configuration path that tells it from any other process.
+func (f *Fixture) daemon() daemon.Daemon {
+	return daemon.Daemon{Name: "kube-proxy", Dir: f.Dir, PIDFile: PIDFile, LogFile: LogFile, Identity: f.args()}
 }
 
 // args is kube-proxy's command line. The configuration path in it is also how PID
@@ -244,34 +229,21 @@ func (f *Fixture) environ() ([]string, error) {
 }
 
 // PID returns the PID of this node's running kube-proxy, or 0. A zombie (exited, not
-// yet reaped by a parent that may never reap it) counts as exited.
-func (f *Fixture) PID() int {
-	data, err := os.ReadFile(f.Path(PIDFile))
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 || !proc.Alive(pid) {
-		return 0
-	}
-	// A reused PID is not our kube-proxy.
-	if !bytes.Contains(proc.Cmdline(pid), []byte(f.args()[0]+"\x00")) {
-		return 0
-	}
-	return pid
-}
+// yet reaped by a parent that may never reap it) counts as exited, and a reused PID is
+// not kube-proxy.
+func (f *Fixture) PID() int { return f.daemon().PID() }
 
 // Stop stops kube-proxy gracefully (SIGTERM) and returns once it and the rest of its
 // process group (proc.StopGroup) have exited.
 func (f *Fixture) Stop(ctx context.Context) error {
-	return proc.StopGroup(ctx, "kube-proxy", f.PID(), syscall.SIGTERM, f.Path(LogFile))
+	return f.daemon().Stop(ctx, syscall.SIGTERM)
 }
 
 // Kill crashes kube-proxy (SIGKILL to its process group: it leads its own session)
 // and returns once it and its children have exited: an iptables-restore of a sync
 // in progress dies with it, as in a crashed container.
 func (f *Fixture) Kill(ctx context.Context) error {
-	return proc.SignalGroup(ctx, "kube-proxy", f.PID(), syscall.SIGKILL, f.Path(LogFile))
+	return f.daemon().Kill(ctx)
 }
 
 // WaitReady polls Status until kube-proxy is ready, and fails early if it exits.

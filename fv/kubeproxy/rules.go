@@ -7,13 +7,13 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
 
-	"github.com/dpconform/dpconform/internal/innetns"
+	"github.com/dpconform/dpconform/driver/innetns"
+	"github.com/dpconform/dpconform/driver/skel"
 )
 
 // kubeletFirewallChain is the one chain kube-proxy's iptables mode creates (a
@@ -142,27 +142,16 @@ func (f *Fixture) Diagnostics(ctx context.Context, dir string) ([]string, error)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create diagnostics directory: %w", err)
 	}
-	var files []string
-	var errs []error
-	save := func(name string, data []byte) {
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, data, 0o644); err != nil {
-			errs = append(errs, err)
-			return
-		}
-		files = append(files, p)
-	}
+	d := &skel.Diagnostics{Dir: dir}
 	for _, name := range []string{LogFile, ConfigFile} {
-		if data, err := os.ReadFile(f.Path(name)); err == nil {
-			save(name, data)
-		}
+		d.Copy(name, f.Path(name))
 	}
 	st := f.Status(ctx)
-	save("status.txt", fmt.Appendf(nil, "pid=%d healthz=%v synced=%v pending=%v ready=%v\n%s\n",
-		st.PID, st.Healthz, st.Synced, st.Pending, st.Ready(), st.Detail))
+	d.Write("status.txt", fmt.Appendf(nil, "pid=%d healthz=%v synced=%v pending=%v ready=%v\n%s\n",
+		st.PID, st.Healthz, st.Synced, st.Pending, st.Ready(), st.Detail), nil)
 	if cfg, err := f.Config.withDefaults(); err == nil && st.PID != 0 {
 		if _, body, err := innetns.HTTPGet(ctx, f.NetNS, cfg.MetricsAddress, "/metrics"); err == nil {
-			save("metrics.txt", body)
+			d.Write("metrics.txt", body, nil)
 		}
 	}
 	for _, c := range []struct {
@@ -177,12 +166,9 @@ func (f *Fixture) Diagnostics(ctx context.Context, dir string) ([]string, error)
 		{"routes.txt", []string{"ip", "route"}},
 	} {
 		out, err := f.run(ctx, nil, c.argv[0], c.argv[1:]...)
-		if err != nil {
-			out = append(out, "\n"+err.Error()+"\n"...)
-		}
-		save(c.file, out)
+		d.Write(c.file, out, err)
 	}
-	return files, errors.Join(errs...)
+	return d.Files()
 }
 
 // Messages of linux/netfilter/nfnetlink_acct.h, and its NFACCT_NAME attribute.

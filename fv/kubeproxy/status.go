@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dpconform/dpconform/internal/innetns"
+	"github.com/dpconform/dpconform/driver/innetns"
 )
 
 // Status is what kube-proxy says about itself.

@@ -15,7 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/dpconform/dpconform/bpf"
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"

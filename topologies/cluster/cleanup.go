@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver/proc"
 	"github.com/dpconform/dpconform/topologies/kubeobj"
 )
 

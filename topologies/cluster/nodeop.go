@@ -11,7 +11,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver/proc"
 )
 
 // NodeOp is `dpconform node-op`: what the topology does to a node's network, run in

@@ -34,7 +34,7 @@ import (
 	kindlog "sigs.k8s.io/kind/pkg/log"
 	"sigs.k8s.io/yaml"
 
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver/proc"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/kind/dockerd"
 	"github.com/dpconform/dpconform/topologies/kind/nodeimage"

@@ -6,7 +6,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver/proc"
 )
 
 // enter rewrites cmd (not yet started) to run in h's mount, UTS, IPC and network

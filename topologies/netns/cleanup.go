@@ -16,10 +16,12 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/moby/sys/mount"
+	"github.com/moby/sys/mountinfo"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver/proc"
 )
 
 const (
@@ -341,82 +343,27 @@ func envOf(pid int, key string) string {
 	return ""
 }
 
-// mountEntry is one line of /proc/self/mountinfo: the mount point, the filesystem
-// type and the optional fields (shared:N, master:N, ...), in the kernel's order.
-type mountEntry struct {
-	point    string
-	fsType   string
-	optional []string
-}
-
-// readMounts returns this process's mounts, in mountinfo's order (later mounts on
-// the same point come after the ones they cover).
-func readMounts() ([]mountEntry, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+// mountsUnder lists the mount points at or below dir, deepest first, so that a mount
+// goes before the one it sits on.
+func mountsUnder(dir string) ([]string, error) {
+	mounts, err := mountinfo.GetMounts(mountinfo.PrefixFilter(dir))
 	if err != nil {
 		return nil, err
 	}
-	var out []mountEntry
-	for _, line := range strings.Split(string(data), "\n") {
-		// Six fixed fields, the optional ones, then " - " and the filesystem type.
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		pf, qf := strings.Fields(pre), strings.Fields(post)
-		if len(pf) < 6 || len(qf) < 1 {
-			continue
-		}
-		out = append(out, mountEntry{point: unescapeMount(pf[4]), fsType: qf[0], optional: pf[6:]})
-	}
-	return out, nil
-}
-
-// mountsUnder lists the mount points at or below dir, deepest first, so that a mount
-// goes before the one it sits on.
-func mountsUnder(dir string, mounts []mountEntry) []string {
-	var points []string
+	points := make([]string, 0, len(mounts))
 	for _, m := range mounts {
-		if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
-			points = append(points, m.point)
-		}
+		points = append(points, m.Mountpoint)
 	}
 	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
-	return points
+	return points, nil
 }
 
-// unmountUnder detaches every mount at or below dir, deepest first.
+// unmountUnder detaches every mount at or below dir.
 func unmountUnder(dir string) error {
-	mounts, err := readMounts()
-	if err != nil {
-		return err
+	if err := mount.RecursiveUnmount(dir); err != nil {
+		return fmt.Errorf("unmount what is mounted under %s: %w", dir, err)
 	}
-	var errs []error
-	for _, mp := range mountsUnder(dir, mounts) {
-		if err := unix.Unmount(mp, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", mp, err))
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return nil
 }
 
 // Leftovers lists what of run id remains on this host: network namespaces, root links,
@@ -442,10 +389,10 @@ func Leftovers(runRoot, id string) []string {
 			}
 		}
 	}
-	if mounts, err := readMounts(); err == nil {
+	if mounts, err := mountinfo.GetMounts(nil); err == nil {
 		for _, m := range mounts {
-			if strings.Contains(m.point, id) {
-				out = append(out, "mount "+m.point)
+			if strings.Contains(m.Mountpoint, id) {
+				out = append(out, "mount "+m.Mountpoint)
 			}
 		}
 	}

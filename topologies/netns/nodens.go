@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,15 +45,13 @@ const cgroupParent = "dpconform"
 // cgroup2Root returns where the host mounts the cgroup v2 hierarchy (/sys/fs/cgroup
 // on a unified host, /sys/fs/cgroup/unified on a hybrid one), or "" if it does not.
 func cgroup2Root() string {
-	mounts, err := readMounts()
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup2"))
 	if err != nil {
 		return ""
 	}
 	var found []string
 	for _, m := range mounts {
-		if m.fsType == "cgroup2" {
-			found = append(found, m.point)
-		}
+		found = append(found, m.Mountpoint)
 	}
 	// The shortest is the host's own; a longer one is a copy made somewhere below.
 	sort.Slice(found, func(i, j int) bool { return len(found[i]) < len(found[j]) })
@@ -105,18 +104,13 @@ func ensureSharedNetnsDir() error {
 
 // mountPropagation reports whether dir is a mount point, and whether it is shared.
 func mountPropagation(dir string) (shared, mounted bool) {
-	mounts, err := readMounts()
-	if err != nil {
+	mounts, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) { return m.Mountpoint != dir, false })
+	if err != nil || len(mounts) == 0 {
 		return false, false
 	}
-	for _, m := range mounts {
-		if m.point != dir {
-			continue
-		}
-		// The last mount on dir is the one seen.
-		mounted, shared = true, slices.ContainsFunc(m.optional, func(o string) bool { return strings.HasPrefix(o, "shared:") })
-	}
-	return shared, mounted
+	// The last mount on dir is the one seen.
+	last := mounts[len(mounts)-1]
+	return slices.ContainsFunc(strings.Fields(last.Optional), func(o string) bool { return strings.HasPrefix(o, "shared:") }), true
 }
 
 // nsDir is where the run's node namespaces are pinned. It is a bind mount of itself
@@ -208,12 +202,12 @@ func (t *Topology) createNodeNS(n *node) error {
 // foreignMounts lists the mount points under runRoot that are not under keep (the
 // other runs' and nodes' bpffs mounts and namespace pins), deepest first.
 func foreignMounts(runRoot, keep string) []string {
-	mounts, err := readMounts()
+	points, err := mountsUnder(runRoot)
 	if err != nil {
 		return nil
 	}
 	var out []string
-	for _, mp := range mountsUnder(runRoot, mounts) {
+	for _, mp := range points {
 		if mp != runRoot && mp != keep && !strings.HasPrefix(mp, keep+"/") {
 			out = append(out, mp)
 		}

@@ -2,13 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
+
+	"github.com/dpconform/dpconform/driver/skel"
 )
 
 // Cleanup kills Felix, removes what it programmed in the node (Programmed), checks
@@ -59,23 +59,10 @@ func (f *felix) Cleanup(ctx context.Context) error {
 // names: Felix's log and status, its BPF maps as calico-bpf dumps them, the node's
 // addresses, routes, links and rules.
 func (f *felix) Diagnostics(ctx context.Context, dir string) ([]string, error) {
-	var files []string
-	var errs []error
-	write := func(name string, data []byte, err error) {
-		if err != nil {
-			data = append(data, fmt.Sprintf("\n(error: %v)\n", err)...)
-		}
-		if werr := os.WriteFile(filepath.Join(dir, name), data, 0o644); werr != nil {
-			errs = append(errs, werr)
-			return
-		}
-		files = append(files, name)
-	}
-	if log, err := os.ReadFile(f.path(LogFile)); err == nil || !errors.Is(err, os.ErrNotExist) {
-		write(LogFile, log, err)
-	}
+	d := &skel.Diagnostics{Dir: dir}
+	d.Copy(LogFile, f.path(LogFile))
 	st, why := f.status(ctx)
-	write("status.txt", fmt.Appendf(nil, "running %v\nready %v\n%s\n", st.Running, st.Ready, why), nil)
+	d.Write("status.txt", fmt.Appendf(nil, "running %v\nready %v\n%s\n", st.Running, st.Ready, why), nil)
 	for _, c := range []struct {
 		file string
 		cmd  []string
@@ -94,7 +81,7 @@ func (f *felix) Diagnostics(ctx context.Context, dir string) ([]string, error) {
 		if err != nil {
 			err = fmt.Errorf("%s: %w", strings.Join(c.cmd, " "), err)
 		}
-		write(c.file, out, err)
+		d.Write(c.file, out, err)
 	}
-	return files, errors.Join(errs...)
+	return d.Files()
 }

@@ -21,7 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/dpconform/dpconform/fv/driver/crds"
+	"github.com/dpconform/dpconform/driver/crds"
 )
 
 // What a Calico installation puts in the Kubernetes API before Felix can run with it

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,15 +10,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
-	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/driver/daemon"
 )
 
 // Names of Felix's files in the driver's directory in the node's state directory.
@@ -130,27 +128,15 @@ func (f *felix) Start(ctx context.Context) (int, error) {
 	if err := os.WriteFile(f.path(ConfigFile), []byte(configFile), 0o644); err != nil {
 		return 0, err
 	}
-	log, err := os.OpenFile(f.path(LogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return 0, fmt.Errorf("open Felix's log: %w", err)
-	}
-	defer log.Close()
 	cmd := exec.Command(f.Build.Felix(), f.identity()...)
 	cmd.Env = append(os.Environ(), f.env()...)
-	cmd.Stdout, cmd.Stderr = log, log
-	// Its own session: Felix outlives the call that started it and its signals.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	fmt.Fprintf(log, "---- calico-driver: start %s: %s\n", time.Now().Format(time.RFC3339Nano), strings.Join(cmd.Args, " "))
-	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("start Felix: %w", err)
-	}
-	pid := cmd.Process.Pid
-	go func() { _ = cmd.Wait() }()
-	if err := os.WriteFile(f.path(PIDFile), fmt.Appendf(nil, "%d\n", pid), 0o644); err != nil {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		return 0, fmt.Errorf("write Felix's PID file: %w", err)
-	}
-	return pid, nil
+	return f.daemon().Start(cmd, nil)
+}
+
+// daemon is the node's Felix process: its PID and log files, and the arguments that
+// tell it from any other process.
+func (f *felix) daemon() daemon.Daemon {
+	return daemon.Daemon{Name: "Felix", Dir: f.Dir, PIDFile: PIDFile, LogFile: LogFile, Identity: f.identity()}
 }
 
 // identity is Felix's command line, by which PID tells this node's Felix from any
@@ -159,24 +145,7 @@ func (f *felix) identity() []string { return []string{"--config-file=" + f.path(
 
 // PID returns the PID of this node's running Felix, or 0. A zombie counts as exited,
 // and a reused PID is not Felix.
-func (f *felix) PID() int {
-	data, err := os.ReadFile(f.path(PIDFile))
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 || !proc.Alive(pid) {
-		return 0
-	}
-	want := append([]byte(f.Build.Felix()), 0)
-	for _, arg := range f.identity() {
-		want = append(append(want, arg...), 0)
-	}
-	if !bytes.Equal(proc.Cmdline(pid), want) {
-		return 0
-	}
-	return pid
-}
+func (f *felix) PID() int { return f.daemon().PID() }
 
 // Status says whether Felix runs and whether it reports itself ready: its readiness
 // endpoint answers 200 once every component of Felix reports ready, the dataplane
@@ -223,13 +192,13 @@ func httpGet(ctx context.Context, path string) (int, []byte, error) {
 // process group (proc.StopGroup) have exited. Felix leaves its BPF programs and maps
 // in place, so that the node keeps forwarding until its successor takes them over.
 func (f *felix) Stop(ctx context.Context) error {
-	return proc.StopGroup(ctx, "Felix", f.PID(), syscall.SIGTERM, f.path(LogFile))
+	return f.daemon().Stop(ctx, syscall.SIGTERM)
 }
 
 // Kill crashes Felix (SIGKILL to its process group: it leads its own session) and
 // returns once it and its children have exited, as in a crashed container.
 func (f *felix) Kill(ctx context.Context) error {
-	return proc.SignalGroup(ctx, "Felix", f.PID(), syscall.SIGKILL, f.path(LogFile))
+	return f.daemon().Kill(ctx)
 }
 
 // nodeAddress is the node's IPv4 address on iface, with its prefix length: what

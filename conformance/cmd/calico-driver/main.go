@@ -2,7 +2,7 @@
 // dataplane mode (BPFEnabled), with the Kubernetes API as its datastore (KDD) and
 // Calico's own CNI plugin, driven through the driver contract (docs/driver.md) like any
 // vendor's dataplane, one verb per call, JSON on stdout, its verbs written on
-// fv/driver/skel. Felix runs inside a node of a netns topology, as calico-node runs it
+// driver/skel. Felix runs inside a node of a netns topology, as calico-node runs it
 // on a real node; the driver does for the cluster what calico-node's start-up and
 // Calico's manifests do (CRDs, ClusterInformation, an IP pool, the node's address).
 //
@@ -22,8 +22,8 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/fv/driver/skel"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/driver/skel"
 )
 
 // EnvDir names the directory of a Calico build (Build).

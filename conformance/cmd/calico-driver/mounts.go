@@ -1,19 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver/proc"
+	"github.com/moby/sys/mountinfo"
 )
 
 // Felix hard-codes two paths outside the node's own /run and /sys/fs/bpf: it loads its
@@ -146,77 +144,24 @@ func removeMarked(dir string) error {
 
 // isMountPoint reports whether something is mounted on path in this mount namespace.
 func isMountPoint(path string) (bool, error) {
-	mounts, err := readMounts()
+	mounts, err := mountinfo.GetMounts(mountinfo.SingleEntryFilter(path))
 	if err != nil {
 		return false, err
 	}
-	return slices.ContainsFunc(mounts, func(m mount) bool { return m.Point == path }), nil
-}
-
-// mount is a line of /proc/self/mountinfo.
-type mount struct {
-	Point, FSType string
-}
-
-// readMounts are the mounts of this mount namespace, in mount order.
-func readMounts() ([]mount, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	return parseMountinfo(data), nil
-}
-
-// parseMountinfo reads mountinfo lines: "36 35 98:0 /mnt1 /mnt2 rw,noatime master:1 -
-// ext3 /dev/root rw,errors=continue" (proc(5)): the mount point is the fifth field,
-// the file system type the first after the "-".
-func parseMountinfo(data []byte) []mount {
-	var out []mount
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 64*1024), 1<<20)
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		sep := slices.Index(f, "-")
-		if len(f) < 5 || sep < 5 || sep+1 >= len(f) {
-			continue
-		}
-		out = append(out, mount{Point: unescapeMountinfo(f[4]), FSType: f[sep+1]})
-	}
-	return out
+	return len(mounts) > 0, nil
 }
 
 // cgroup2Dir is where this mount namespace sees the cgroup v2 hierarchy: inside a node,
 // whose cgroup namespace is rooted at the node's cgroup, that is the node's cgroup.
 func cgroup2Dir() (string, error) {
-	mounts, err := readMounts()
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup2"))
 	if err != nil {
 		return "", err
 	}
-	for _, m := range mounts {
-		if m.FSType == "cgroup2" {
-			return m.Point, nil
-		}
+	if len(mounts) == 0 {
+		return "", errors.New("no cgroup v2 hierarchy is mounted")
 	}
-	return "", errors.New("no cgroup v2 hierarchy is mounted")
-}
-
-// unescapeMountinfo undoes the octal escapes (\040 for a space) of mountinfo paths.
-func unescapeMountinfo(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
+	return mounts[0].Mountpoint, nil
 }
 
 // felixRuns reports whether any calico-felix process runs on the machine.

@@ -13,10 +13,10 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/moby/sys/mount"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
-	"github.com/dpconform/dpconform/internal/innetns"
+	"github.com/dpconform/dpconform/driver/innetns"
 )
 
 // What Felix leaves in a node, by name (Calico v3.31, eBPF mode):
@@ -323,20 +323,8 @@ func unprogram(ctx context.Context, bpffs, cgroupDir string) error {
 // removeRunDir unmounts what Felix mounted under /run/calico (its cgroup v2 view) and
 // removes the directory.
 func removeRunDir() error {
-	mounts, err := readMounts()
-	if err != nil {
-		return err
-	}
-	var errs []error
-	for i := len(mounts) - 1; i >= 0; i-- {
-		if p := mounts[i].Point; p == runDir || strings.HasPrefix(p, runDir+"/") {
-			if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) {
-				errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
+	if err := mount.RecursiveUnmount(runDir); err != nil {
+		return fmt.Errorf("unmount what Felix mounted under %s: %w", runDir, err)
 	}
 	return os.RemoveAll(runDir)
 }

@@ -1,21 +1,16 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"syscall"
-	"time"
 
-	"github.com/dpconform/dpconform/fv/driver/skel"
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver/daemon"
+	"github.com/dpconform/dpconform/driver/skel"
 )
 
 // Names of the agent's files in the node's state directory.
@@ -122,37 +117,9 @@ func (a *agent) args(cgroupRoot string) []string {
 	)
 }
 
-// pidRecord is what PIDFile holds: the agent's PID and the offset of its log where
-// its output starts.
-func (a *agent) pidRecord() (pid int, offset int64) {
-	data, err := os.ReadFile(a.path(PIDFile))
-	if err != nil {
-		return 0, 0
-	}
-	f := strings.Fields(string(data))
-	if len(f) != 2 {
-		return 0, 0
-	}
-	pid, _ = strconv.Atoi(f[0])
-	offset, _ = strconv.ParseInt(f[1], 10, 64)
-	return pid, offset
-}
-
 // PID returns the PID of this node's running agent, or 0. A zombie counts as exited,
 // and a reused PID is not the agent.
-func (a *agent) PID() int {
-	pid, _ := a.pidRecord()
-	if pid <= 0 || !proc.Alive(pid) {
-		return 0
-	}
-	cmdline := proc.Cmdline(pid)
-	for _, arg := range a.identity() {
-		if !bytes.Contains(cmdline, []byte("\x00"+arg+"\x00")) {
-			return 0
-		}
-	}
-	return pid
-}
+func (a *agent) PID() int { return a.daemon().PID() }
 
 // Start starts the agent in the node, in its own session, with stdout and stderr
 // appended to LogFile, and returns its PID without waiting for it to be ready. If it
@@ -184,11 +151,6 @@ func (a *agent) Start(ctx context.Context) (int, error) {
 	if err := registerCRDs(ctx, a.Kubeconfig, filepath.Join(a.Install, "crds")); err != nil {
 		return 0, err
 	}
-	log, err := os.OpenFile(a.path(LogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return 0, fmt.Errorf("open the agent's log: %w", err)
-	}
-	defer log.Close()
 	path, cache, err := a.clangPath()
 	if err != nil {
 		return 0, err
@@ -202,25 +164,15 @@ func (a *agent) Start(ctx context.Context) (int, error) {
 		EnvClang+"="+a.Clang,
 		EnvObjectCache+"="+cache,
 	)
-	cmd.Stdout, cmd.Stderr = log, log
-	// Its own session, so its own process group: it outlives the call that started it,
-	// and Kill takes its compiler with it, as a crashed container's would go.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	fmt.Fprintf(log, "---- cilium-driver: start %s on %s: %s\n", time.Now().Format(time.RFC3339Nano), a.Node, strings.Join(cmd.Args, " "))
-	offset, err := log.Seek(0, io.SeekEnd)
-	if err != nil {
-		return 0, fmt.Errorf("the agent's log: %w", err)
-	}
-	if err := cmd.Start(); err != nil {
-		return 0, fmt.Errorf("start cilium-agent: %w", err)
-	}
-	pid := cmd.Process.Pid
-	go func() { _ = cmd.Wait() }()
-	if err := os.WriteFile(a.path(PIDFile), fmt.Appendf(nil, "%d %d\n", pid, offset), 0o644); err != nil {
-		_ = syscall.Kill(-pid, syscall.SIGKILL)
-		return 0, fmt.Errorf("write the agent's PID file: %w", err)
-	}
-	return pid, nil
+	// Its own process group: Kill takes its compiler with it, as a crashed
+	// container's would go.
+	return a.daemon().Start(cmd, nil)
+}
+
+// daemon is the node's cilium-agent process: its PID and log files, and the
+// arguments that tell it from any other process.
+func (a *agent) daemon() daemon.Daemon {
+	return daemon.Daemon{Name: "cilium-agent", Dir: a.StateDir, PIDFile: PIDFile, LogFile: LogFile, Identity: a.identity()}
 }
 
 // clangPath is the agent's PATH and its compile cache ("off" when off): the
@@ -277,12 +229,12 @@ func (a *agent) installLib() error {
 // when it stops: its programs keep serving until a successor replaces them or
 // Cleanup removes them.
 func (a *agent) Stop(ctx context.Context) error {
-	return proc.StopGroup(ctx, "cilium-agent", a.PID(), syscall.SIGTERM, a.path(LogFile))
+	return a.daemon().Stop(ctx, syscall.SIGTERM)
 }
 
 // Kill crashes the agent (SIGKILL to its process group: the agent and the clang it
 // may be running, as a crashed container's processes die with it) and returns once
 // none of them runs.
 func (a *agent) Kill(ctx context.Context) error {
-	return proc.SignalGroup(ctx, "cilium-agent", a.PID(), syscall.SIGKILL, a.path(LogFile))
+	return a.daemon().Kill(ctx)
 }

@@ -14,6 +14,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+	"github.com/dpconform/dpconform/driver/skel"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 )
@@ -422,24 +423,11 @@ func removeChains(ctx context.Context) error {
 // itself (status, endpoints, its load-balancing tables), and the node's programs,
 // rules, addresses and routes.
 func (a *agent) Diagnostics(ctx context.Context, dir string) ([]string, error) {
-	var files []string
-	var errs []error
-	write := func(name string, data []byte, err error) {
-		if err != nil {
-			data = append(data, fmt.Sprintf("\n(error: %v)\n", err)...)
-		}
-		if werr := os.WriteFile(filepath.Join(dir, name), data, 0o644); werr != nil {
-			errs = append(errs, werr)
-			return
-		}
-		files = append(files, name)
-	}
+	d := &skel.Diagnostics{Dir: dir}
 	for _, name := range []string{LogFile, "cilium-cni.log"} {
-		if data, err := os.ReadFile(a.path(name)); err == nil || !errors.Is(err, os.ErrNotExist) {
-			write(name, data, err)
-		}
+		d.Copy(name, a.path(name))
 	}
-	write("status.txt", []byte(a.Status(ctx).String()+"\n"), nil)
+	d.Write("status.txt", []byte(a.Status(ctx).String()+"\n"), nil)
 	if a.PID() != 0 {
 		api := apiClient(socketPath)
 		for _, q := range []struct{ file, path string }{
@@ -452,11 +440,11 @@ func (a *agent) Diagnostics(ctx context.Context, dir string) ([]string, error) {
 			{"statedb-devices.json", "/statedb/dump/devices"},
 		} {
 			body, err := get(ctx, api, q.path)
-			write(q.file, body, err)
+			d.Write(q.file, body, err)
 		}
 	}
 	prog, err := a.Programmed(ctx)
-	write("programmed.txt", []byte(strings.Join(prog, "\n")+"\n"), err)
+	d.Write("programmed.txt", []byte(strings.Join(prog, "\n")+"\n"), err)
 	root, _ := cgroup2Mount()
 	for _, c := range []struct {
 		file string
@@ -470,9 +458,9 @@ func (a *agent) Diagnostics(ctx context.Context, dir string) ([]string, error) {
 		{"rules.txt", []string{"ip", "rule"}},
 	} {
 		out, err := run(ctx, nil, c.cmd[0], c.cmd[1:]...)
-		write(c.file, out, err)
+		d.Write(c.file, out, err)
 	}
-	return files, errors.Join(errs...)
+	return d.Files()
 }
 
 // run runs name with args in the node (where the driver runs) and returns its

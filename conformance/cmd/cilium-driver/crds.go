@@ -7,7 +7,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/dpconform/dpconform/fv/driver/crds"
+	"github.com/dpconform/dpconform/driver/crds"
 )
 
 // registerCRDs creates Cilium's CustomResourceDefinitions from the YAML files in dir

@@ -8,7 +8,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
-	"github.com/dpconform/dpconform/fv/driver/drivertest"
+	"github.com/dpconform/dpconform/driver/drivertest"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/privileged"
 	"github.com/dpconform/dpconform/internal/specbrief"

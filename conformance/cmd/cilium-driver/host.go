@@ -6,9 +6,9 @@ import (
 	"os"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -84,7 +84,7 @@ func hostNamespace(ns string) (string, error) {
 // guardHost makes the host-wide sysctls Cilium writes read-only in this (the node's)
 // mount namespace, unless they already are, and checks that a write now fails.
 func guardHost() error {
-	mounts, err := readMounts()
+	mounts, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return err
 	}
@@ -115,7 +115,7 @@ func guardHost() error {
 
 // unguardHost removes what guardHost mounted.
 func unguardHost() error {
-	mounts, err := readMounts()
+	mounts, err := mountinfo.GetMounts(nil)
 	if err != nil {
 		return err
 	}
@@ -126,7 +126,7 @@ func unguardHost() error {
 				errs = append(errs, fmt.Errorf("unmount %s: %w", p, err))
 				break
 			}
-			if mounts, err = readMounts(); err != nil {
+			if mounts, err = mountinfo.GetMounts(nil); err != nil {
 				return err
 			}
 		}
@@ -134,43 +134,12 @@ func unguardHost() error {
 	return errors.Join(errs...)
 }
 
-// mountEntry is one line of /proc/self/mountinfo.
-type mountEntry struct {
-	point, fsType string
-	options       []string // per mount: ro or rw, and the rest
-}
-
-func readMounts() ([]mountEntry, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return nil, err
-	}
-	var out []mountEntry
-	for _, line := range strings.Split(string(data), "\n") {
-		// Six fixed fields, the optional ones, then " - " and the filesystem type.
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok {
-			continue
-		}
-		pf, qf := strings.Fields(pre), strings.Fields(post)
-		if len(pf) < 6 || len(qf) < 1 {
-			continue
-		}
-		point, err := strconv.Unquote(`"` + pf[4] + `"`)
-		if err != nil {
-			point = pf[4]
-		}
-		out = append(out, mountEntry{point: point, fsType: qf[0], options: strings.Split(pf[5], ",")})
-	}
-	return out, nil
-}
-
 // readOnlyMount reports whether the last mount on p is a read-only one.
-func readOnlyMount(mounts []mountEntry, p string) bool {
+func readOnlyMount(mounts []*mountinfo.Info, p string) bool {
 	ro := false
 	for _, m := range mounts {
-		if m.point == p {
-			ro = slices.Contains(m.options, "ro")
+		if m.Mountpoint == p {
+			ro = slices.Contains(strings.Split(m.Options, ","), "ro")
 		}
 	}
 	return ro
@@ -180,15 +149,13 @@ func readOnlyMount(mounts []mountEntry, p string) bool {
 // node's cgroup is its root (docs/driver.md), and the agent attaches its socket
 // load-balancer to it.
 func cgroup2Mount() (string, error) {
-	mounts, err := readMounts()
+	mounts, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup2"))
 	if err != nil {
 		return "", err
 	}
 	var found []string
 	for _, m := range mounts {
-		if m.fsType == "cgroup2" {
-			found = append(found, m.point)
-		}
+		found = append(found, m.Mountpoint)
 	}
 	if len(found) == 0 {
 		return "", errors.New("no cgroup v2 hierarchy is mounted in the node: Cilium's socket load-balancer needs one")

@@ -2,7 +2,7 @@
 // eBPF dataplane with its kube-proxy replacement (ClusterIP, NodePort, socket
 // load-balancing) and its own CNI plugin, driven through the driver contract
 // (docs/driver.md) like any vendor's dataplane, one verb per call, JSON on stdout, its
-// verbs written on fv/driver/skel. The agent runs inside a netns topology's node (its
+// verbs written on driver/skel. The agent runs inside a netns topology's node (its
 // network, mount and cgroup namespaces), one per node, against the run's API server,
 // with no operator and no kvstore; see docs/cilium.md for how it is configured and why.
 //
@@ -26,8 +26,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/fv/driver/skel"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/driver/skel"
 	"github.com/dpconform/dpconform/topologies/controlplane"
 )
 

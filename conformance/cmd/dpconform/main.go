@@ -16,8 +16,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/dpconform/dpconform/driver/proc"
 	"github.com/dpconform/dpconform/fv/probe"
-	"github.com/dpconform/dpconform/internal/proc"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/cluster"
 	"github.com/dpconform/dpconform/topologies/kind"

@@ -1,7 +1,7 @@
 // Command kube-proxy-driver makes the real kube-proxy an implementation under test: a
 // Services-only dataplane (ClusterIP, NodePort) in iptables or nftables mode, driven
 // through the driver contract (docs/driver.md) like any vendor's dataplane, one verb per
-// call, JSON on stdout, its verbs written on fv/driver/skel. It runs kube-proxy through
+// call, JSON on stdout, its verbs written on driver/skel. It runs kube-proxy through
 // the kube-proxy fixture (fv/kubeproxy) and supports netns topologies only: on kind,
 // kube-proxy is the cluster's own DaemonSet.
 //
@@ -20,8 +20,8 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/fv/driver/skel"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/driver/skel"
 	"github.com/dpconform/dpconform/fv/kubeproxy"
 	"github.com/dpconform/dpconform/topologies/controlplane"
 	"github.com/dpconform/dpconform/topologies/netns"

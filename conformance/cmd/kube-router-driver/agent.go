@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,13 +11,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/dpconform/dpconform/internal/innetns"
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver/daemon"
+	"github.com/dpconform/dpconform/driver/innetns"
+	"github.com/dpconform/dpconform/driver/skel"
 )
 
 // Names of the agent's files in the node's state directory.
@@ -92,66 +91,22 @@ func (a *agent) Start(ctx context.Context) (int, error) {
 			return 0, fmt.Errorf("kube-router needs %s: %w (install the iptables and ipset packages, e.g. `make deps`)", tool, err)
 		}
 	}
-	log, err := os.OpenFile(a.path(LogFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return 0, fmt.Errorf("open kube-router log: %w", err)
-	}
-	defer log.Close()
 	cmd := exec.Command(a.Binary, a.args()...)
 	// NODE_NAME is the first name kube-router looks its Node up by, before the host's
 	// hostname (which a netns node shares with the host) and --hostname-override.
 	cmd.Env = append(os.Environ(), "NODE_NAME="+a.Node)
-	cmd.Stdout, cmd.Stderr = log, log
-	// Its own session: kube-router outlives the call that started it and its signals.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	fmt.Fprintf(log, "---- kube-router-driver: start %s in %s: %s\n", time.Now().Format(time.RFC3339Nano), a.NetNS, strings.Join(cmd.Args, " "))
-	// Readiness reads only what this process logs: from here on.
-	offset, err := log.Seek(0, io.SeekEnd)
-	if err != nil {
-		return 0, fmt.Errorf("kube-router log: %w", err)
-	}
-	if err := innetns.Do(a.NetNS, cmd.Start); err != nil {
-		return 0, fmt.Errorf("start kube-router in %s: %w", a.NetNS, err)
-	}
-	pid := cmd.Process.Pid
-	go func() { _ = cmd.Wait() }()
-	if err := os.WriteFile(a.path(PIDFile), fmt.Appendf(nil, "%d %d\n", pid, offset), 0o644); err != nil {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-		return 0, fmt.Errorf("write kube-router PID file: %w", err)
-	}
-	return pid, nil
+	return a.daemon().Start(cmd, daemon.InNetNS(a.NetNS))
 }
 
-// pidFile returns the PID and log offset of the last start.
-func (a *agent) pidFile() (pid int, offset int64) {
-	data, err := os.ReadFile(a.path(PIDFile))
-	if err != nil {
-		return 0, 0
-	}
-	f := strings.Fields(string(data))
-	if len(f) != 2 {
-		return 0, 0
-	}
-	pid, _ = strconv.Atoi(f[0])
-	offset, _ = strconv.ParseInt(f[1], 10, 64)
-	return pid, offset
+// daemon is the kube-router process of the node: its PID and log files in Dir, and
+// the arguments that tell it from any other process.
+func (a *agent) daemon() daemon.Daemon {
+	return daemon.Daemon{Name: "kube-router", Dir: a.Dir, PIDFile: PIDFile, LogFile: LogFile, Identity: a.identity()}
 }
 
 // PID returns the PID of this node's running kube-router, or 0. A zombie counts as
 // exited, and a reused PID is not kube-router.
-func (a *agent) PID() int {
-	pid, _ := a.pidFile()
-	if pid <= 0 || !proc.Alive(pid) {
-		return 0
-	}
-	cmdline := proc.Cmdline(pid)
-	for _, arg := range a.identity() {
-		if !bytes.Contains(cmdline, []byte("\x00"+arg+"\x00")) {
-			return 0
-		}
-	}
-	return pid
-}
+func (a *agent) PID() int { return a.daemon().PID() }
 
 // Status is what kube-router says about itself.
 //
@@ -181,8 +136,7 @@ func (a *agent) Status(ctx context.Context) Status {
 		st.Detail = "kube-router does not run"
 		return st
 	}
-	_, offset := a.pidFile()
-	st.Synced, st.Detail = syncedSince(a.path(LogFile), offset)
+	st.Synced, st.Detail = syncedSince(a.path(LogFile), a.daemon().LogOffset())
 	if !st.Synced {
 		return st
 	}
@@ -239,7 +193,7 @@ func syncedSince(logPath string, offset int64) (bool, string) {
 // process group (proc.StopGroup) have exited. It removes nothing on the way out: its
 // rules keep enforcing until a successor rewrites them or Cleanup removes them.
 func (a *agent) Stop(ctx context.Context) error {
-	return proc.StopGroup(ctx, "kube-router", a.PID(), syscall.SIGTERM, a.path(LogFile))
+	return a.daemon().Stop(ctx, syscall.SIGTERM)
 }
 
 // Kill crashes kube-router (SIGKILL to its process group: it leads its own session)
@@ -247,7 +201,7 @@ func (a *agent) Stop(ctx context.Context) error {
 // children too; an iptables-restore of a sync in progress left running would write
 // kube-router's chains back after Cleanup removed them.
 func (a *agent) Kill(ctx context.Context) error {
-	return proc.SignalGroup(ctx, "kube-router", a.PID(), syscall.SIGKILL, a.path(LogFile))
+	return a.daemon().Kill(ctx)
 }
 
 // kube-router's names in the filter table and among the ipsets (netpol, v2.1.0):
@@ -341,10 +295,8 @@ func (a *agent) Cleanup(ctx context.Context) error {
 	if len(left) > 0 {
 		return fmt.Errorf("kube-router's rules remain after cleanup: %s", strings.Join(left, ", "))
 	}
-	for _, p := range []string{a.path(PIDFile), a.path(LogFile)} {
-		if err := os.RemoveAll(p); err != nil {
-			errs = append(errs, err)
-		}
+	if err := a.daemon().Remove(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
@@ -411,23 +363,10 @@ func (a *agent) destroySets(ctx context.Context) error {
 // names: kube-router's log and status, the node's filter rules with counters, its
 // ipsets, conntrack table, addresses and routes.
 func (a *agent) Diagnostics(ctx context.Context, dir string) ([]string, error) {
-	var files []string
-	var errs []error
-	write := func(name string, data []byte, err error) {
-		if err != nil {
-			data = append(data, fmt.Sprintf("\n(error: %v)\n", err)...)
-		}
-		if werr := os.WriteFile(filepath.Join(dir, name), data, 0o644); werr != nil {
-			errs = append(errs, werr)
-			return
-		}
-		files = append(files, name)
-	}
-	if log, err := os.ReadFile(a.path(LogFile)); err == nil || !errors.Is(err, os.ErrNotExist) {
-		write(LogFile, log, err)
-	}
+	d := &skel.Diagnostics{Dir: dir}
+	d.Copy(LogFile, a.path(LogFile))
 	st := a.Status(ctx)
-	write("status.txt", fmt.Appendf(nil, "pid %d\nhealthz %v\nsynced %v\nready %v\n%s\n", st.PID, st.Healthz, st.Synced, st.Ready(), st.Detail), nil)
+	d.Write("status.txt", fmt.Appendf(nil, "pid %d\nhealthz %v\nsynced %v\nready %v\n%s\n", st.PID, st.Healthz, st.Synced, st.Ready(), st.Detail), nil)
 	for _, c := range []struct {
 		file string
 		cmd  []string
@@ -440,9 +379,9 @@ func (a *agent) Diagnostics(ctx context.Context, dir string) ([]string, error) {
 		{"routes.txt", []string{"ip", "route"}},
 	} {
 		out, err := a.run(ctx, nil, c.cmd[0], c.cmd[1:]...)
-		write(c.file, out, err)
+		d.Write(c.file, out, err)
 	}
-	return files, errors.Join(errs...)
+	return d.Files()
 }
 
 // run runs name with args inside the node's network namespace and returns its

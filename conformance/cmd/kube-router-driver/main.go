@@ -1,7 +1,7 @@
 // Command kube-router-driver makes kube-router's network policy controller an
 // implementation under test: a NetworkPolicy dataplane (iptables and ipset), driven
 // through the driver contract (docs/driver.md) like any vendor's dataplane, one verb
-// per call, JSON on stdout, its verbs written on fv/driver/skel. kube-router runs with
+// per call, JSON on stdout, its verbs written on driver/skel. kube-router runs with
 // its firewall only (no routing, no service proxy) inside the node's network namespace
 // of a netns topology; pods keep the topology's default wiring (ptp + host-local).
 //
@@ -20,8 +20,8 @@ import (
 	"os"
 	"path/filepath"
 
-	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/fv/driver/skel"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/driver/skel"
 	"github.com/dpconform/dpconform/topologies/controlplane"
 	"github.com/dpconform/dpconform/topologies/netns"
 )

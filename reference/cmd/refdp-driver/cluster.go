@@ -46,7 +46,7 @@ import (
 	utilexec "k8s.io/client-go/util/exec"
 	"k8s.io/utils/ptr"
 
-	"github.com/dpconform/dpconform/fv/driver/skel"
+	"github.com/dpconform/dpconform/driver/skel"
 	"github.com/dpconform/dpconform/reference/agent"
 	"github.com/dpconform/dpconform/reference/faults"
 )

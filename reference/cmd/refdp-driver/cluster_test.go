@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dpconform/dpconform/fv/driver/skel"
+	"github.com/dpconform/dpconform/driver/skel"
 )
 
 // TestClusterDaemonSet: on a cluster the DaemonSet mounts nothing of the suite's

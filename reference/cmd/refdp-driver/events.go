@@ -12,8 +12,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dpconform/dpconform/bpf"
-	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/fv/driver/skel"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/driver/skel"
 )
 
 // pinDir is where refdp pins its maps in the node's bpffs, as `refdp run

@@ -46,8 +46,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 
-	"github.com/dpconform/dpconform/fv/driver/skel"
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver/proc"
+	"github.com/dpconform/dpconform/driver/skel"
 	"github.com/dpconform/dpconform/reference/agent"
 	"github.com/dpconform/dpconform/reference/faults"
 )

@@ -1,6 +1,6 @@
 // Command refdp-driver is the reference dataplane's driver: it implements the driver
 // contract (docs/driver.md) for refdp, one verb per call, JSON on stdout. It is
-// written as a vendor's Go driver would be: its verbs on fv/driver/skel, which parses
+// written as a vendor's Go driver would be: its verbs on driver/skel, which parses
 // the call, checks the node environment and writes the reply.
 //
 // Environment: DPC_NODE, DPC_NETNS, DPC_KUBECONFIG, DPC_STATE_DIR, DPC_TOPOLOGY as the
@@ -14,23 +14,20 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"strings"
 	"syscall"
 	"time"
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
 	"github.com/dpconform/dpconform/bpf"
-	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/fv/driver/skel"
-	"github.com/dpconform/dpconform/internal/proc"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/driver/daemon"
+	"github.com/dpconform/dpconform/driver/skel"
 	"github.com/dpconform/dpconform/reference/agent"
 	"github.com/dpconform/dpconform/reference/faults"
 )
@@ -215,9 +212,6 @@ func nodeEnv(n skel.Node) env {
 	return e
 }
 
-func (e env) pidFile() string { return filepath.Join(e.StateDir, "refdp.pid") }
-func (e env) logFile() string { return filepath.Join(e.StateDir, "refdp.log") }
-
 // inNode runs fn in the node's network namespace (or here, when DPC_NETNS is empty).
 func (e env) inNode(fn func() error) error {
 	if e.NetNS == "" {
@@ -241,22 +235,14 @@ func agentBinary() (string, error) {
 	return p, nil
 }
 
-// agentPID returns the PID of the running agent, or 0.
-func (e env) agentPID() int {
-	data, err := os.ReadFile(e.pidFile())
-	if err != nil {
-		return 0
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || !proc.Alive(pid) {
-		return 0
-	}
-	// A reused PID is not our agent.
-	if !bytes.Contains(proc.Cmdline(pid), []byte("refdp\x00run")) {
-		return 0
-	}
-	return pid
+// agent is the node's refdp process: its PID and log files in the node's state
+// directory, and the arguments that tell it from any other process.
+func (e env) agent() daemon.Daemon {
+	return daemon.Daemon{Name: "refdp", Dir: e.StateDir, PIDFile: "refdp.pid", LogFile: "refdp.log", Identity: []string{"run", "--state-dir", e.StateDir}}
 }
+
+// agentPID returns the PID of the running agent, or 0.
+func (e env) agentPID() int { return e.agent().PID() }
 
 // start starts refdp on the node, or returns the PID of the one already running, in
 // the version and with the conntrack size opts ask for (skel checked that info
@@ -291,26 +277,12 @@ func start(ctx context.Context, n skel.Node, opts driver.StartOptions) (int, err
 	for _, f := range fl.Names() {
 		argv = append(argv, "--fault", f)
 	}
-	log, err := os.OpenFile(e.logFile(), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return 0, err
-	}
-	defer log.Close()
-	fmt.Fprintf(log, "---- refdp-driver start %s: %s %s\n", time.Now().Format(time.RFC3339Nano), bin, strings.Join(argv, " "))
 	// A stale status file must not make the new agent look ready.
 	os.Remove(filepath.Join(e.StateDir, agent.StatusFile))
-	cmd := exec.Command(bin, argv...)
-	cmd.Stdout, cmd.Stderr = log, log
-	// Its own session: the agent outlives this call and the suite's signals.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := e.inNode(cmd.Start); err != nil {
-		return 0, skel.Fail("start failed", "%s: %w", bin, err)
+	pid, err := e.agent().Start(exec.Command(bin, argv...), func(c *exec.Cmd) error { return e.inNode(c.Start) })
+	if err != nil {
+		return 0, skel.Fail("start failed", "%w", err)
 	}
-	pid := cmd.Process.Pid
-	if err := os.WriteFile(e.pidFile(), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		return 0, err
-	}
-	cmd.Process.Release()
 	return pid, nil
 }
 
@@ -327,19 +299,10 @@ func status(e env) driver.Status {
 }
 
 func (e env) stopAgent(sig syscall.Signal, wait time.Duration) error {
-	pid := e.agentPID()
-	if pid == 0 {
-		return nil
-	}
-	if err := syscall.Kill(pid, sig); err != nil && !errors.Is(err, syscall.ESRCH) {
-		return skel.Fail("signal failed", "%s to refdp (pid %d): %w", sig, pid, err)
-	}
-	deadline := time.Now().Add(wait)
-	for proc.Alive(pid) {
-		if time.Now().After(deadline) {
-			return skel.Fail("agent did not exit", "refdp (pid %d) still runs %s after %s; see %s", pid, wait, sig, e.logFile())
-		}
-		time.Sleep(5 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := e.agent().Signal(ctx, sig); err != nil {
+		return skel.Fail("agent did not exit", "%w", err)
 	}
 	return nil
 }
@@ -347,20 +310,10 @@ func (e env) stopAgent(sig syscall.Signal, wait time.Duration) error {
 // collect saves what it can into dir (skel created it): a diagnostic that fails is
 // saved as its output, not a failure of the verb.
 func (e env) collect(dir string) []string {
-	var files []string
-	save := func(name string, data []byte) {
-		p := filepath.Join(dir, name)
-		if os.WriteFile(p, data, 0o644) == nil {
-			files = append(files, p)
-		}
-	}
-	if data, err := os.ReadFile(e.logFile()); err == nil {
-		save("refdp.log", data)
-	}
+	d := &skel.Diagnostics{Dir: dir}
+	d.Copy("refdp.log", e.agent().LogPath())
 	// Ready or not, the conntrack map in use, and what the start migrated.
-	if data, err := os.ReadFile(filepath.Join(e.StateDir, agent.StatusFile)); err == nil {
-		save(agent.StatusFile, data)
-	}
+	d.Copy(agent.StatusFile, filepath.Join(e.StateDir, agent.StatusFile))
 	bin, _ := agentBinary()
 	for _, c := range []struct {
 		name string
@@ -377,8 +330,9 @@ func (e env) collect(dir string) []string {
 			out, _ = exec.Command(c.argv[0], c.argv[1:]...).CombinedOutput()
 			return nil
 		})
-		save(c.name, out)
+		d.Write(c.name, out, nil)
 	}
+	files, _ := d.Files() // a file it could not write is one less to read
 	return files
 }
 
@@ -399,7 +353,7 @@ func (e env) cleanup() error {
 	if err != nil {
 		return skel.Fail("cleanup failed", "refdp cleanup: %w: %s", err, bytes.TrimSpace(out))
 	}
-	for _, f := range []string{e.pidFile(), filepath.Join(e.StateDir, agent.StatusFile)} {
+	for _, f := range []string{e.agent().Path("refdp.pid"), filepath.Join(e.StateDir, agent.StatusFile)} {
 		os.Remove(f)
 	}
 	return nil

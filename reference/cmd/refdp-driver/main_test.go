@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/internal/buildbin"
 )
 

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/fv/driver/skel"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/driver/skel"
 )
 
 // fakeAgent is an agent whose methods answer what its fields say, recording the

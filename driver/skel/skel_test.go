@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dpconform/dpconform/fv/driver"
-	"github.com/dpconform/dpconform/fv/driver/skel"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/driver/skel"
 )
 
 // asDriver makes the test binary the driver executable of the round-trip test, the

@@ -25,7 +25,7 @@ import (
 	"os"
 	"strings"
 
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/driver"
 )
 
 // Node is the environment of one node verb, as the suite sets it (docs/driver.md,

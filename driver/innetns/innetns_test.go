@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/dpconform/dpconform/internal/innetns"
+	"github.com/dpconform/dpconform/driver/innetns"
 )
 
 // ownNetNS is this process's network namespace: entering it changes nothing, but it

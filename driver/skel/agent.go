@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/dpconform/dpconform/fv/driver"
+	"github.com/dpconform/dpconform/driver"
 )
 
 // Agent is an implementation's agent process on one node, as a driver that starts it

@@ -14,7 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
 
-	"github.com/dpconform/dpconform/fv/driver/crds"
+	"github.com/dpconform/dpconform/driver/crds"
 	"github.com/dpconform/dpconform/internal/privileged"
 	"github.com/dpconform/dpconform/topologies/netns"
 )
