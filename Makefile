@@ -123,7 +123,7 @@ kind-image: deps-kind control-plane kind-node-binaries
 ## kind topology's pods run dpconform from an image that holds it alone.
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./conformance/cmd/... ./reference/cmd/...
+	CGO_ENABLED=0 $(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/ ./conformance/cmd/... ./drivers/... ./reference/cmd/...
 
 ## generate: rebuild the BPF objects and their Go bindings with clang
 generate: deps-generate
@@ -146,7 +146,7 @@ TESTLOG := $(OUT)/test
 # their peer's binaries. make test runs every other package, the self-test and the
 # kube-proxy peers on their own lines, and guards the tier's results in the ledger
 # (conformance/peers, TestPeerTierResultsCurrent).
-PEER_TIER_PKGS := ./conformance/cmd/cilium-driver ./conformance/cmd/kube-router-driver
+PEER_TIER_PKGS := ./drivers/cilium-driver ./drivers/kube-router-driver
 TEST_PKGS = $(shell $(GO) list ./... | grep -v -e '/conformance/peers$$' -e '/conformance/selftest$$' \
 	$(foreach p,$(PEER_TIER_PKGS),-e '$(patsubst ./%,/%,$(p))$$'))
 
@@ -183,7 +183,7 @@ test-time:
 ## at; commit the entries: make test fails while one is older than what it is judged by
 PEERS ?= cilium kube-router kube-proxy
 test-peers: deps control-plane cni $(filter cilium kube-router,$(PEERS)) build
-	$(GO) test -count=1 -p 1 -timeout 30m $(foreach p,$(PEERS),./conformance/cmd/$(p)-driver)
+	$(GO) test -count=1 -p 1 -timeout 30m $(foreach p,$(PEERS),./drivers/$(p)-driver)
 	DPC_LEDGER=1 $(GO) test -count=1 -timeout 60m ./conformance/peers/ -run 'TestPeers$$' -ginkgo.v \
 		-ginkgo.label-filter '$(subst $() , || ,$(strip $(PEERS)))'
 

@@ -137,7 +137,7 @@ func measureNodePort(b *testing.B, drv driver.Driver, d, interval time.Duration)
 // mode), one after the other on identical topologies, and prints the ratios.
 func BenchmarkNodePortRefdpVsKubeProxy(b *testing.B) {
 	privileged.Require(b)
-	bins, err := buildbin.Build(context.Background(), b.TempDir(), "reference/cmd/refdp", "reference/cmd/refdp-driver", "conformance/cmd/kube-proxy-driver")
+	bins, err := buildbin.Build(context.Background(), b.TempDir(), "reference/cmd/refdp", "drivers/refdp-driver", "drivers/kube-proxy-driver")
 	if err != nil {
 		b.Fatal(err)
 	}

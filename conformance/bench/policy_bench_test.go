@@ -263,7 +263,7 @@ func percentile(ds []time.Duration, p int) time.Duration {
 // topologies, and prints them side by side. The reference's target: p99 under 100 ms.
 func BenchmarkPolicyProgramming(b *testing.B) {
 	privileged.Require(b)
-	bins, err := buildbin.Build(context.Background(), b.TempDir(), "reference/cmd/refdp", "reference/cmd/refdp-driver", "conformance/cmd/kube-router-driver")
+	bins, err := buildbin.Build(context.Background(), b.TempDir(), "reference/cmd/refdp", "drivers/refdp-driver", "drivers/kube-router-driver")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -88,7 +88,7 @@ func calicoBuilds() []calicoBuild {
 }
 
 // Seed 1 against the Calico builds given in DPC_CALICO_DIR, through
-// conformance/cmd/calico-driver: each must do what calicoJudged says.
+// drivers/calico-driver: each must do what calicoJudged says.
 var _ = Describe("Calico", Label("calico"), Ordered, func() {
 	builds := calicoBuilds()
 	if len(builds) == 0 {
@@ -101,7 +101,7 @@ var _ = Describe("Calico", Label("calico"), Ordered, func() {
 
 	var calicoDriver string
 	BeforeAll(func(ctx SpecContext) {
-		calicoDriver = drivertest.Build(ctx, "conformance/cmd/calico-driver")
+		calicoDriver = drivertest.Build(ctx, "drivers/calico-driver")
 	}, NodeTimeout(5*time.Minute))
 
 	for _, b := range builds {

@@ -25,14 +25,14 @@ var knownCilium = map[string][]conformance.FailureKind{
 }
 
 // The Core profile against the Cilium agent (v1.20.2, built by `make cilium`) with its
-// kube-proxy replacement and CNI plugin, through conformance/cmd/cilium-driver. The
+// kube-proxy replacement and CNI plugin, through drivers/cilium-driver. The
 // driver is built only if there is a Core spec to run. A tier peer (ledger_test.go):
 // `make test-peers` runs it and writes the run into the ledger.
 var _ = Describe("cilium", Label("cilium"), Ordered, ContinueOnFailure, func() {
 	var ciliumDriver string
 	pub := newPublication("cilium", "core")
 	BeforeAll(func(ctx SpecContext) {
-		ciliumDriver = drivertest.Build(ctx, "conformance/cmd/cilium-driver")
+		ciliumDriver = drivertest.Build(ctx, "drivers/cilium-driver")
 	}, NodeTimeout(5*time.Minute))
 	AfterAll(pub.write)
 

@@ -41,7 +41,7 @@ var (
 
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
-	kubeProxyDriver = drivertest.Build(ctx, "conformance/cmd/kube-proxy-driver")
+	kubeProxyDriver = drivertest.Build(ctx, "drivers/kube-proxy-driver")
 	controlPlanes = netns.NewControlPlanes("", func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) })
 	DeferCleanup(func() { Expect(controlPlanes.Close()).To(Succeed()) })
 }, NodeTimeout(5*time.Minute))

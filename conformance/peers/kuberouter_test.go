@@ -23,14 +23,14 @@ var knownKubeRouter = map[string][]conformance.FailureKind{
 }
 
 // The Policy profile against kube-router's network policy controller (v2.1.0, built by
-// `make kube-router`), through conformance/cmd/kube-router-driver. The driver is built
+// `make kube-router`), through drivers/kube-router-driver. The driver is built
 // only if there is a Policy spec to run. A tier peer (ledger_test.go): `make
 // test-peers` runs it and writes the run into the ledger.
 var _ = Describe("kube-router", Label("kube-router"), Ordered, func() {
 	var kubeRouterDriver string
 	pub := newPublication("kube-router", "policy")
 	BeforeAll(func(ctx SpecContext) {
-		kubeRouterDriver = drivertest.Build(ctx, "conformance/cmd/kube-router-driver")
+		kubeRouterDriver = drivertest.Build(ctx, "drivers/kube-router-driver")
 	}, NodeTimeout(5*time.Minute))
 	AfterAll(pub.write)
 

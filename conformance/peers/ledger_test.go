@@ -72,7 +72,10 @@ func (p tierRun) judgedBy() []string {
 		":(exclude,glob)fv/**/*_test.go", ":(exclude,glob)topologies/**/*_test.go",
 		":(exclude,glob)internal/**/*_test.go", ":(exclude,glob)**/testdata/**",
 		":(exclude)internal/ledger", ":(exclude)internal/layering", ":(exclude)internal/testtime",
-		"conformance/cmd/" + p.Peer + "-driver", ":(exclude,glob)conformance/cmd/" + p.Peer + "-driver/*_test.go",
+		// The kit and the libraries of drivers/ that the suite or the driver runs.
+		"driver", "drivers/internal", "drivers/kubeproxy", ":(exclude,glob)driver/**/*_test.go",
+		":(exclude,glob)drivers/internal/**/*_test.go", ":(exclude,glob)drivers/kubeproxy/*_test.go",
+		"drivers/" + p.Peer + "-driver", ":(exclude,glob)drivers/" + p.Peer + "-driver/*_test.go",
 		"topologies/binaries/go.mod", "topologies/binaries/go.sum", "topologies/binaries/build.sh",
 		"topologies/binaries/" + p.Peer,
 		"conformance/peers/run_test.go", "conformance/peers/" + p.TestFile,

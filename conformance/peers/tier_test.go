@@ -53,7 +53,8 @@ func TestJudgedByCoversWhatDecidesARun(t *testing.T) {
 			for _, want := range []string{
 				"conformance/runner.go", "conformance/specs/restart_nodeport_new.go", "fv/probe/config.go",
 				"fv/matchers/streams.go", "topologies/netns/cleanup.go", "topologies/controlplane/reset.go",
-				"conformance/cmd/" + p.Peer + "-driver/main.go", "conformance/peers/run_test.go",
+				"drivers/" + p.Peer + "-driver/main.go", "driver/daemon/daemon.go", "driver/skel/skel.go",
+				"drivers/kubeproxy/kubeproxy.go", "drivers/internal/cache/cache.go", "conformance/peers/run_test.go",
 				"conformance/peers/" + p.TestFile, "topologies/binaries/go.mod", "go.mod",
 			} {
 				if !slices.Contains(files, want) {
@@ -64,6 +65,7 @@ func TestJudgedByCoversWhatDecidesARun(t *testing.T) {
 				"docs/README.md", "conformance/selftest/selftest_test.go", "conformance/cmd/dpconform/main.go",
 				"conformance/specs/catalogue_test.go", "conformance/peers/tier_test.go", "internal/ledger/ledger.go",
 				"conformance/results/matrix.go", "topologies/kind/kind.go", "fv/probe/bench_test.go",
+				"driver/daemon/daemon_test.go", "drivers/refdp-driver/main.go",
 			} {
 				if slices.Contains(files, not) {
 					t.Errorf("%s is among what the run is judged by; it decides no verdict", not)

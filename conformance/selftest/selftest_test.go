@@ -53,7 +53,7 @@ var (
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
 	var err error
-	bins, err = buildbin.Build(ctx, GinkgoT().TempDir(), "reference/cmd/refdp", "reference/cmd/refdp-driver")
+	bins, err = buildbin.Build(ctx, GinkgoT().TempDir(), "reference/cmd/refdp", "drivers/refdp-driver")
 	Expect(err).NotTo(HaveOccurred())
 	controlPlanes = netns.NewControlPlanes("", func(f string, a ...any) { GinkgoWriter.Printf(f+"\n", a...) })
 	DeferCleanup(func() { Expect(controlPlanes.Close()).To(Succeed()) })

@@ -32,7 +32,7 @@ func TestStartFindStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitExit(t, d)
-	pid, err := d.Start(shell("echo second; exec sleep 60"), nil)
+	pid, err := d.Start(shell("echo second; sleep 60"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,5 @@
-// Package drivertest holds what the tests of the drivers for real peers
-// (conformance/cmd/*-driver, and conformance/peers, which runs them) share: building a
+// Package drivertest holds what the tests of a driver share (the shipped ones in
+// drivers/, and conformance/peers, which runs them; a vendor's too): building a
 // driver once, running it as a process, and a node environment that is well-formed
 // but no node. Only tests import it.
 package drivertest
@@ -22,7 +22,7 @@ import (
 )
 
 // Build builds the driver command pkg (relative to the module, e.g.
-// "conformance/cmd/cilium-driver") into a temporary directory and returns its path.
+// "drivers/cilium-driver") into a temporary directory and returns its path.
 func Build(ctx context.Context, pkg string) string {
 	ginkgo.GinkgoHelper()
 	bins, err := buildbin.Build(ctx, ginkgo.GinkgoT().TempDir(), pkg)
@@ -99,11 +99,22 @@ func NodeEnv(t TB, dirVars ...string) []string {
 }
 
 // ArtifactsDir is where failed specs of the driver command name leave diagnostics:
-// DPC_ARTIFACTS, or _output/<name> under the repository root (seen from the
-// command's directory, where go test runs its tests).
+// DPC_ARTIFACTS, or _output/<name> in the root of the module whose test runs (the
+// nearest directory above the test's that holds a go.mod).
 func ArtifactsDir(name string) string {
 	if d := os.Getenv("DPC_ARTIFACTS"); d != "" {
 		return d
 	}
-	return filepath.Join("..", "..", "..", "_output", name)
+	root, err := os.Getwd()
+	if err != nil {
+		return filepath.Join("_output", name)
+	}
+	for dir := root; ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return filepath.Join(dir, "_output", name)
+		}
+		if dir == filepath.Dir(dir) {
+			return filepath.Join(root, "_output", name)
+		}
+	}
 }

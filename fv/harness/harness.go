@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/dpconform/dpconform/driver"
-	"github.com/dpconform/dpconform/fv/kubeproxy"
+	"github.com/dpconform/dpconform/drivers/kubeproxy"
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
@@ -300,7 +300,7 @@ func (w *World) StartKubeProxy(ctx context.Context, n topologies.Node) error {
 		// kube-proxy is a DaemonSet of the cluster, which no spec set-up deploys yet.
 		return fmt.Errorf("%w: kube-proxy before a switch runs only on the netns topology (on %s it would be the cluster's DaemonSet)", topologies.ErrUnsupported, w.Topo.Provider())
 	}
-	f, err := kubeproxy.ForNode(n, kubeproxy.IPTables)
+	f, err := KubeProxyFor(n, kubeproxy.IPTables)
 	if err != nil {
 		return fmt.Errorf("kube-proxy on %s: %w", n.Name(), err)
 	}

@@ -35,7 +35,7 @@ var binDir string
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
 	binDir = GinkgoT().TempDir()
-	_, err := buildbin.Build(ctx, binDir, "reference/cmd/refdp", "reference/cmd/refdp-driver")
+	_, err := buildbin.Build(ctx, binDir, "reference/cmd/refdp", "drivers/refdp-driver")
 	Expect(err).NotTo(HaveOccurred())
 }, NodeTimeout(5*time.Minute))
 

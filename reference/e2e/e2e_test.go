@@ -15,7 +15,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/dpconform/dpconform/fv/harness"
-	"github.com/dpconform/dpconform/fv/kubeproxy"
+	"github.com/dpconform/dpconform/drivers/kubeproxy"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
@@ -353,7 +353,7 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		err := w.StartKubeProxy(ctx, nodeA)
 		w.ReadyTimeout = ready
 		Expect(err).NotTo(HaveOccurred())
-		f, err := kubeproxy.ForNode(nodeA, kubeproxy.IPTables)
+		f, err := harness.KubeProxyFor(nodeA, kubeproxy.IPTables)
 		Expect(err).NotTo(HaveOccurred())
 		f.Dir = filepath.Join(f.Dir, harness.KubeProxyDir)
 		before, err := f.Rules(ctx)

@@ -44,7 +44,7 @@ const (
 func BenchmarkConntrackUpgrade(b *testing.B) {
 	privileged.Require(b)
 	dir := b.TempDir()
-	if _, err := buildbin.Build(context.Background(), dir, "reference/cmd/refdp", "reference/cmd/refdp-driver"); err != nil {
+	if _, err := buildbin.Build(context.Background(), dir, "reference/cmd/refdp", "drivers/refdp-driver"); err != nil {
 		b.Fatal(err)
 	}
 	drv, err := driver.NewExec(filepath.Join(dir, "refdp-driver"), driver.DefaultTimeouts)

@@ -39,7 +39,7 @@ func TestReportOfAFailedRunInABrowser(t *testing.T) {
 	chromium := findChromium(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
 	defer cancel()
-	bins, err := buildbin.Build(ctx, t.TempDir(), "conformance/cmd/dpconform", "reference/cmd/refdp", "reference/cmd/refdp-driver")
+	bins, err := buildbin.Build(ctx, t.TempDir(), "conformance/cmd/dpconform", "reference/cmd/refdp", "drivers/refdp-driver")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds what conformance/cmd/calico-driver runs (Calico Felix in BPF mode, its BPF
+# Builds what drivers/calico-driver runs (Calico Felix in BPF mode, its BPF
 # objects, Calico's CNI plugin and its CRDs) from a Calico source tree the user gives,
 # once per version, into ${DPC_CACHE_DIR:-~/.cache/dpconform}/calico/<version>/.
 #

@@ -2,7 +2,7 @@
 // nftables mode) inside one node's network namespace, tells when its first sync is
 // done, collects its diagnostics and removes everything it programmed.
 //
-// The suite uses it in two ways: through conformance/cmd/kube-proxy-driver, which makes
+// The suite uses it in two ways: through drivers/kube-proxy-driver, which makes
 // kube-proxy an implementation under test like any other (a Services-only dataplane),
 // and directly, to put kube-proxy on a node before a spec switches the node to another
 // dataplane. docs/kube-proxy.md records how kube-proxy is configured and what it does
@@ -26,9 +26,6 @@ import (
 
 	"github.com/dpconform/dpconform/driver/daemon"
 	"github.com/dpconform/dpconform/driver/innetns"
-
-	"github.com/dpconform/dpconform/topologies"
-	"github.com/dpconform/dpconform/topologies/controlplane"
 )
 
 // Names of the fixture's files in Fixture.Dir.
@@ -61,42 +58,15 @@ type Fixture struct {
 	// Env is added to kube-proxy's environment, e.g. DPC_RUN=<run ID> so that the
 	// topology's cleanup finds a kube-proxy that outlived its test.
 	Env []string
-	// StartIn, if set, starts kube-proxy's process in the node (topologies.Host.Start:
-	// its mount and cgroup namespaces too, so that it shares the node's xtables lock
+	// StartIn, if set, starts kube-proxy's process in the node (the suite's netns
+	// topology starts it in the node's mount and cgroup namespaces too, so that it shares the node's xtables lock
 	// with the node's other agents). Nil starts it in NetNS from here, as a driver
 	// call that already runs inside the node does.
 	StartIn func(*exec.Cmd) error
 }
 
-// ForNode returns a fixture for node n of a netns topology, in mode, with the
-// kube-proxy binary of controlplane.FindBinaries.
-func ForNode(n topologies.Node, mode Mode) (*Fixture, error) {
-	env := map[string]string{}
-	var extra []string
-	for _, kv := range n.DriverEnv() {
-		k, v, _ := strings.Cut(kv, "=")
-		env[k] = v
-		if k == "DPC_RUN" {
-			extra = append(extra, kv)
-		}
-	}
-	bins, _ := controlplane.FindBinaries() // only kube-proxy matters here
-	if err := bins.HasKubeProxy(); err != nil {
-		return nil, err
-	}
-	f := &Fixture{
-		Binary:  bins.KubeProxy,
-		NetNS:   env["DPC_NETNS"],
-		Dir:     env["DPC_STATE_DIR"],
-		Config:  Config{NodeName: n.Name(), Kubeconfig: env["DPC_KUBECONFIG"], Mode: mode},
-		Env:     extra,
-		StartIn: n.Start,
-	}
-	return f, f.check()
-}
-
-// check reports a fixture that cannot work, naming the fix.
-func (f *Fixture) check() error {
+// Check reports a fixture that cannot work, naming the fix.
+func (f *Fixture) Check() error {
 	var errs []error
 	if f.NetNS == "" {
 		errs = append(errs, errors.New("no network namespace: the fixture runs kube-proxy only inside a node's network namespace (a netns topology); on kind, the cluster's own kube-proxy DaemonSet is the one to use"))
@@ -148,7 +118,7 @@ func (f *Fixture) Start(ctx context.Context) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, fmt.Errorf("start kube-proxy: %w", err)
 	}
-	if err := f.check(); err != nil {
+	if err := f.Check(); err != nil {
 		return 0, err
 	}
 	cfg, _ := f.Config.withDefaults()

@@ -15,15 +15,13 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"path/filepath"
 
 	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/driver/skel"
-	"github.com/dpconform/dpconform/topologies/controlplane"
-	"github.com/dpconform/dpconform/topologies/netns"
+	"github.com/dpconform/dpconform/drivers/internal/cache"
 )
 
 // Version is the kube-router release `make kube-router` builds; it must match
@@ -55,7 +53,6 @@ func info(context.Context) (driver.Info, error) {
 		Version:  Version,
 		Profiles: []string{"Policy"},
 		Features: features,
-		CNI:      json.RawMessage(netns.DefaultCNIConfig),
 	}, nil
 }
 
@@ -69,7 +66,7 @@ func Binary() string {
 	if p := os.Getenv(EnvBinary); p != "" {
 		return p
 	}
-	return filepath.Join(controlplane.CacheDir(), "kube-router", Version, "kube-router")
+	return filepath.Join(cache.Dir(), "kube-router", Version, "kube-router")
 }
 
 // agentFor builds the agent for the node of this call; skel has checked the

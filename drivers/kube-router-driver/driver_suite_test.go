@@ -12,7 +12,6 @@ import (
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/privileged"
 	"github.com/dpconform/dpconform/internal/specbrief"
-	"github.com/dpconform/dpconform/topologies/controlplane"
 )
 
 func TestMain(m *testing.M) {
@@ -20,9 +19,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func TestKubeProxyDriver(t *testing.T) {
+func TestKubeRouterDriver(t *testing.T) {
 	RegisterFailHandler(Fail)
-	specbrief.RunSpecs(t, "kube-proxy driver on a netns topology")
+	specbrief.RunSpecs(t, "kube-router driver on a netns topology")
 }
 
 // driverPath is the driver executable, built once for the suite.
@@ -30,7 +29,6 @@ var driverPath string
 
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
-	bins, _ := controlplane.FindBinaries()
-	Expect(bins.HasKubeProxy()).To(Succeed())
-	driverPath = drivertest.Build(ctx, "conformance/cmd/kube-proxy-driver")
+	Expect(executable(Binary())).To(Succeed(), "kube-router: run `make kube-router`, or set %s", EnvBinary)
+	driverPath = drivertest.Build(ctx, "drivers/kube-router-driver")
 }, NodeTimeout(5*time.Minute))

@@ -12,6 +12,7 @@ import (
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/internal/privileged"
 	"github.com/dpconform/dpconform/internal/specbrief"
+	"github.com/dpconform/dpconform/topologies/controlplane"
 )
 
 func TestMain(m *testing.M) {
@@ -19,9 +20,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func TestCalicoDriver(t *testing.T) {
+func TestKubeProxyDriver(t *testing.T) {
 	RegisterFailHandler(Fail)
-	specbrief.RunSpecs(t, "calico driver on a netns topology")
+	specbrief.RunSpecs(t, "kube-proxy driver on a netns topology")
 }
 
 // driverPath is the driver executable, built once for the suite.
@@ -29,11 +30,7 @@ var driverPath string
 
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
-	if os.Getenv(EnvDir) == "" {
-		privileged.SkipOptionalPeer(Skip, "Calico (Felix, eBPF dataplane)", EnvDir,
-			"build Calico from a source tree with `make calico CALICO_SRC=/path/to/calico` (docs/calico.md) and set it to the directory it prints")
-	}
-	_, err := LoadBuild(os.Getenv(EnvDir))
-	Expect(err).NotTo(HaveOccurred(), "%s=%s", EnvDir, os.Getenv(EnvDir))
-	driverPath = drivertest.Build(ctx, "conformance/cmd/calico-driver")
+	bins, _ := controlplane.FindBinaries()
+	Expect(bins.HasKubeProxy()).To(Succeed())
+	driverPath = drivertest.Build(ctx, "drivers/kube-proxy-driver")
 }, NodeTimeout(5*time.Minute))

@@ -15,8 +15,8 @@ import (
 
 	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/driver/drivertest"
+	"github.com/dpconform/dpconform/drivers/kubeproxy"
 	"github.com/dpconform/dpconform/fv/harness"
-	"github.com/dpconform/dpconform/fv/kubeproxy"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
@@ -193,7 +193,7 @@ var _ = Describe("kube-proxy through its driver", func() {
 			// rules lists kube-proxy's chains and tables on node n.
 			rules := func(ctx context.Context, n topologies.Node) []string {
 				GinkgoHelper()
-				f, err := kubeproxy.ForNode(n, mode)
+				f, err := harness.KubeProxyFor(n, mode)
 				Expect(err).NotTo(HaveOccurred())
 				r, err := f.Rules(ctx)
 				Expect(err).NotTo(HaveOccurred())
@@ -257,7 +257,7 @@ var _ = Describe("kube-proxy through its driver", func() {
 					Expect(err).NotTo(HaveOccurred())
 					Expect(string(out)).NotTo(ContainSubstring("kube-proxy"))
 					// Its files are gone from the node's state directory.
-					f, err := kubeproxy.ForNode(n, mode)
+					f, err := harness.KubeProxyFor(n, mode)
 					Expect(err).NotTo(HaveOccurred())
 					for _, name := range []string{kubeproxy.ConfigFile, kubeproxy.PIDFile, kubeproxy.LogFile} {
 						Expect(f.Path(name)).NotTo(BeAnExistingFile())

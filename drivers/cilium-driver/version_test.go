@@ -9,7 +9,7 @@ import (
 // TestVersionMatchesTheBuild checks that the version the driver reports and looks its
 // install up by is the one `make cilium` builds.
 func TestVersionMatchesTheBuild(t *testing.T) {
-	data, err := os.ReadFile("../../../topologies/binaries/cilium/go.mod")
+	data, err := os.ReadFile("../../topologies/binaries/cilium/go.mod")
 	if err != nil {
 		t.Fatal(err)
 	}

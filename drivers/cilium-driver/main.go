@@ -28,7 +28,7 @@ import (
 
 	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/driver/skel"
-	"github.com/dpconform/dpconform/topologies/controlplane"
+	"github.com/dpconform/dpconform/drivers/internal/cache"
 )
 
 // Version is the Cilium release `make cilium` builds; it must match
@@ -113,7 +113,7 @@ func Dir() string {
 	if d := os.Getenv(EnvDir); d != "" {
 		return d
 	}
-	return filepath.Join(controlplane.CacheDir(), "cilium", Version)
+	return filepath.Join(cache.Dir(), "cilium", Version)
 }
 
 // extraArgs are the flags DPC_CILIUM_AGENT_ARGS appends to the agent's command line.

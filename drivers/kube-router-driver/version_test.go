@@ -9,7 +9,7 @@ import (
 // TestVersionMatchesTheBuild checks that the version the driver reports and looks its
 // binary up by is the one `make kube-router` builds.
 func TestVersionMatchesTheBuild(t *testing.T) {
-	data, err := os.ReadFile("../../../topologies/binaries/kube-router/go.mod")
+	data, err := os.ReadFile("../../topologies/binaries/kube-router/go.mod")
 	if err != nil {
 		t.Fatal(err)
 	}

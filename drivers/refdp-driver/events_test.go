@@ -34,7 +34,7 @@ func TestEvents(t *testing.T) {
 	if err := bpf.CheckKernel(); err != nil {
 		t.Skipf("SKIPPED: kernel cannot run the datapath: %v", err)
 	}
-	bins, err := buildbin.Build(context.Background(), t.TempDir(), "reference/cmd/refdp-driver")
+	bins, err := buildbin.Build(context.Background(), t.TempDir(), "drivers/refdp-driver")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,7 @@ import (
 // exit non-zero with the contract's {"error","detail"} naming what is wrong.
 func TestBadInput(t *testing.T) {
 	dir := t.TempDir()
-	bins, err := buildbin.Build(context.Background(), dir, "reference/cmd/refdp-driver")
+	bins, err := buildbin.Build(context.Background(), dir, "drivers/refdp-driver")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +79,7 @@ func TestBadInput(t *testing.T) {
 // each topology what the driver can start there (DPC_TOPOLOGY, which the suite gives
 // info too).
 func TestInfo(t *testing.T) {
-	bins, err := buildbin.Build(context.Background(), t.TempDir(), "reference/cmd/refdp-driver")
+	bins, err := buildbin.Build(context.Background(), t.TempDir(), "drivers/refdp-driver")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,7 @@
 // Services-only dataplane (ClusterIP, NodePort) in iptables or nftables mode, driven
 // through the driver contract (docs/driver.md) like any vendor's dataplane, one verb per
 // call, JSON on stdout, its verbs written on driver/skel. It runs kube-proxy through
-// the kube-proxy fixture (fv/kubeproxy) and supports netns topologies only: on kind,
+// the kube-proxy fixture (drivers/kubeproxy) and supports netns topologies only: on kind,
 // kube-proxy is the cluster's own DaemonSet.
 //
 // Environment: DPC_NODE, DPC_NETNS, DPC_KUBECONFIG, DPC_STATE_DIR, DPC_TOPOLOGY as the
@@ -13,7 +13,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -22,9 +21,8 @@ import (
 
 	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/driver/skel"
-	"github.com/dpconform/dpconform/fv/kubeproxy"
-	"github.com/dpconform/dpconform/topologies/controlplane"
-	"github.com/dpconform/dpconform/topologies/netns"
+	"github.com/dpconform/dpconform/drivers/internal/cache"
+	"github.com/dpconform/dpconform/drivers/kubeproxy"
 )
 
 // EnvMode is the environment variable that picks the mode of a start without --mode.
@@ -59,7 +57,6 @@ func info(context.Context) (driver.Info, error) {
 		Version:  kubeProxyVersion(),
 		Profiles: profiles,
 		Features: features,
-		CNI:      json.RawMessage(netns.DefaultCNIConfig),
 		Modes:    modes,
 	}, nil
 }
@@ -70,17 +67,13 @@ var versionPattern = regexp.MustCompile(`\bv\d+\.\d+\.\d+\S*`)
 // control-plane` builds when the binary cannot say (it may not be built yet: info is
 // static and asked before anything runs).
 func kubeProxyVersion() string {
-	bins, _ := controlplane.FindBinaries()
-	if bins.HasKubeProxy() != nil {
-		return controlplane.KubernetesVersion
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, bins.KubeProxy, "--version").Output()
+	out, err := exec.CommandContext(ctx, cache.KubeProxy(), "--version").Output()
 	if v := versionPattern.Find(out); err == nil && v != nil {
 		return string(v)
 	}
-	return controlplane.KubernetesVersion
+	return cache.KubernetesVersion
 }
 
 // checkTopology refuses a kind topology: there, kube-proxy is the cluster's own.
@@ -92,14 +85,14 @@ func fixture(n skel.Node, mode kubeproxy.Mode) (*kubeproxy.Fixture, error) {
 	if _, err := os.Stat(n.Kubeconfig); err != nil {
 		return nil, skel.Fail("bad environment", "DPC_KUBECONFIG=%s: %w", n.Kubeconfig, err)
 	}
-	bins, _ := controlplane.FindBinaries() // only kube-proxy matters here
-	if err := bins.HasKubeProxy(); err != nil {
-		return nil, skel.Fail("missing binary", "kube-proxy: %w", err)
+	bin := cache.KubeProxy()
+	if st, err := os.Stat(bin); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return nil, skel.Fail("missing binary", "kube-proxy: no executable %s (run `make control-plane` to build it, or set DPC_KUBE_PROXY)", bin)
 	}
 	// kube-proxy inherits this environment, DPC_RUN included: the topology's cleanup
 	// finds a kube-proxy that outlived its run by it.
 	return &kubeproxy.Fixture{
-		Binary: bins.KubeProxy,
+		Binary: bin,
 		NetNS:  n.NetNS,
 		Dir:    n.StateDir,
 		Config: kubeproxy.Config{NodeName: n.Name, Kubeconfig: n.Kubeconfig, Mode: mode},

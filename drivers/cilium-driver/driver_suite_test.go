@@ -30,5 +30,5 @@ var driverPath string
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
 	Expect(newAgent(Dir(), Clang(), skelNode()).checkInstall()).To(Succeed(), "Cilium: run `make cilium`, or set %s and %s", EnvDir, EnvClang)
-	driverPath = drivertest.Build(ctx, "conformance/cmd/cilium-driver")
+	driverPath = drivertest.Build(ctx, "drivers/cilium-driver")
 }, NodeTimeout(5*time.Minute))

@@ -19,9 +19,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-func TestKubeRouterDriver(t *testing.T) {
+func TestCalicoDriver(t *testing.T) {
 	RegisterFailHandler(Fail)
-	specbrief.RunSpecs(t, "kube-router driver on a netns topology")
+	specbrief.RunSpecs(t, "calico driver on a netns topology")
 }
 
 // driverPath is the driver executable, built once for the suite.
@@ -29,6 +29,11 @@ var driverPath string
 
 var _ = BeforeSuite(func(ctx SpecContext) {
 	privileged.Ginkgo(Skip, Fail)
-	Expect(executable(Binary())).To(Succeed(), "kube-router: run `make kube-router`, or set %s", EnvBinary)
-	driverPath = drivertest.Build(ctx, "conformance/cmd/kube-router-driver")
+	if os.Getenv(EnvDir) == "" {
+		privileged.SkipOptionalPeer(Skip, "Calico (Felix, eBPF dataplane)", EnvDir,
+			"build Calico from a source tree with `make calico CALICO_SRC=/path/to/calico` (docs/calico.md) and set it to the directory it prints")
+	}
+	_, err := LoadBuild(os.Getenv(EnvDir))
+	Expect(err).NotTo(HaveOccurred(), "%s=%s", EnvDir, os.Getenv(EnvDir))
+	driverPath = drivertest.Build(ctx, "drivers/calico-driver")
 }, NodeTimeout(5*time.Minute))
