@@ -36,21 +36,11 @@ type Env struct {
 	phase func(Phase)
 }
 
-// Phase is a stage of one run of a spec, as progress shows it.
-type Phase string
-
-// The phases of a run, in order. A spec with several scenarios goes through the
-// scenario phases once per scenario.
-const (
-	PhaseTopology    Phase = "topology"     // a fresh topology and its control plane
-	PhaseStart       Phase = "start"        // the implementation started, until ready
-	PhaseWorkloads   Phase = "workloads"    // pods, Services and policies, flows warmed up
-	PhaseSteadyState Phase = "steady state" // traffic runs; preconditions proven
-	PhaseTransition  Phase = "transition"   // the transition's steps
-	PhaseSettle      Phase = "settle"       // traffic runs on after the last step
-	PhaseChecks      Phase = "checks"       // invariants judged
-	PhaseCleanup     Phase = "cleanup"      // diagnostics, driver clean-up, teardown
-)
+// Record records the event name, with detail, on the world's timeline now, and
+// returns its time: a spec's own marks (a step it took, an object it changed).
+func (e *Env) Record(name, detail string) monotime.Time {
+	return e.World.Timeline().Record(name, detail)
+}
 
 func (e *Env) enter(p Phase) {
 	if e.phase != nil {
@@ -276,7 +266,7 @@ func (e *Env) waitReported(ctx context.Context, t monotime.Time) error {
 // first to Settle after the last.
 func (e *Env) transitionWindow(from monotime.Time, settle time.Duration) (timeline.Window, error) {
 	var first, last monotime.Time
-	for _, t := range e.World.Timeline.Transitions() {
+	for _, t := range e.World.Timeline().Transitions() {
 		if t.Time < from {
 			continue
 		}

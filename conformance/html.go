@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dpconform/dpconform/conformance/report"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
@@ -34,8 +35,8 @@ var pageTemplate = template.Must(template.New("report").Funcs(template.FuncMap{
 
 type pageView struct {
 	Title          string
-	Suite          SuiteInfo
-	Implementation Implementation
+	Suite          report.SuiteInfo
+	Implementation report.Implementation
 	Topology       string
 	Date           string
 	Repeat         int
@@ -86,7 +87,7 @@ type specView struct {
 	Checks                   []checkView
 	ChecksFromRun            int
 	Runs                     []runView
-	Spread                   []FigureSpread
+	Spread                   []report.FigureSpread
 	Charts                   []chartPair
 	ChartNote                string
 	Message                  string
@@ -108,7 +109,7 @@ type checkView struct {
 	Result  ResultKind
 	Kind    string
 	Window  string
-	Figures []FigureReport
+	Figures []report.FigureReport
 	Link    string
 }
 
@@ -179,9 +180,9 @@ func RenderHTML(rec RunRecord, dir string) ([]byte, error) {
 			row := specRow{ID: s.ID, Result: s.Result, Passes: s.Passes, Kind: sv.Kind, Detail: s.Reason, Link: "#" + s.ID}
 			switch {
 			case s.Result == Passed && len(s.Spread) > 0:
-				row.Detail = keySpread(s)
+				row.Detail = s.KeySpread()
 			case s.Result == Passed:
-				row.Detail = keyFigures(s)
+				row.Detail = s.KeyFigures()
 			}
 			for _, c := range sv.Checks {
 				if c.Num > 0 && c.Link != "" {
@@ -203,7 +204,7 @@ func RenderHTML(rec RunRecord, dir string) ([]byte, error) {
 
 // specPage is the section of one spec: its checks, runs and the charts of the run
 // its checks are from.
-func specPage(s SpecReport, r Result, dir string) specView {
+func specPage(s report.SpecReport, r Result, dir string) specView {
 	sv := specView{ID: s.ID, Profile: string(r.Profile), Description: r.Description, Result: s.Result, Kind: failedKinds(r), Reason: s.Reason,
 		Duration: seconds(r.Duration), Passes: s.Passes, Open: s.Result == Failed || s.Result == Errored, ChecksFromRun: s.ChecksFromRun,
 		Spread: s.Spread, Message: r.Message, Diagnostics: s.Diagnostics, HostSettings: s.HostSettings, Timeline: s.Timeline}

@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/net/html"
 
+	"github.com/dpconform/dpconform/conformance/report"
 	"github.com/dpconform/dpconform/fv/matchers"
 )
 
@@ -264,7 +265,7 @@ func TestPageOfARepeatedSpec(t *testing.T) {
 		{ID: "RESTART-NODEPORT-NEW", Profile: Core, Result: Failed, Reason: "no failed attempt: reset", Checks: fig(14), Duration: 13 * time.Second},
 		{ID: "RESTART-NODEPORT-NEW", Profile: Core, Result: Passed, Checks: fig(0), Duration: 12 * time.Second},
 	}
-	rec := RunRecord{Format: dataFormat, Implementation: Implementation{Name: "x", Profiles: []string{"Core"}}, Topology: "netns",
+	rec := RunRecord{Format: dataFormat, Implementation: report.Implementation{Name: "x", Profiles: []string{"Core"}}, Topology: "netns",
 		Budgets: DefaultBudgets, Repeat: 3, Claimed: []Profile{Core}, Results: []Result{combine(runs)}}
 	page, err := RenderHTML(rec, t.TempDir())
 	if err != nil {

@@ -9,21 +9,6 @@ import (
 	"github.com/dpconform/dpconform/fv/matchers"
 )
 
-// Profile groups specs by what an implementation claims to do.
-type Profile string
-
-// Profiles, in report order (AllProfiles).
-const (
-	Core          Profile = "Core"
-	ModeSwitch    Profile = "ModeSwitch"
-	Policy        Profile = "Policy"
-	Upgrade       Profile = "Upgrade"
-	Observability Profile = "Observability"
-)
-
-// AllProfiles lists the profiles in report order.
-var AllProfiles = []Profile{Core, ModeSwitch, Policy, Upgrade, Observability}
-
 // Feature is something an implementation claims in `info`; a spec runs only when the
 // implementation claims every feature it needs.
 type Feature string
@@ -51,23 +36,6 @@ var RequiredFeatures = map[Profile][]Feature{
 	Upgrade:       {FeatureClusterIP, FeatureNodePort, FeatureTCP},
 	Observability: {FeatureNetworkPolicy, FeaturePolicyVerdicts},
 }
-
-// ResultKind is the outcome of a spec or a profile.
-type ResultKind string
-
-// Results of a spec (and, with Partial and Incomplete, of a profile).
-const (
-	Passed  ResultKind = "passed"
-	Failed  ResultKind = "failed"
-	Skipped ResultKind = "skipped"
-	// Errored: the spec could not be judged (a driver that broke its contract, a
-	// broken environment); not a verdict on the implementation.
-	Errored ResultKind = "error"
-	// Incomplete: a profile the implementation claims had specs that did not run for
-	// a reason other than an optional feature it does not claim (a focus, a start
-	// option it does not offer): it is not certified.
-	Incomplete ResultKind = "incomplete"
-)
 
 // FailureKind says how a spec failed, so that the self-test can tell a spec that
 // catches its fault from one that fails for another reason. The kinds of the checks

@@ -147,7 +147,7 @@ func (p *ProgressPrinter) resultLine(ev Progress) string {
 	s += " in " + seconds(r.Duration)
 	switch {
 	case r.Result == Passed:
-		if f := keyFigures(specReport(r)); f != "" {
+		if f := specReport(r).KeyFigures(); f != "" {
 			s += ": " + f
 		}
 	case r.Reason != "":

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dpconform/dpconform/conformance/report"
 	"github.com/dpconform/dpconform/fv/matchers"
 )
 
@@ -143,7 +144,7 @@ func TestReportOfRepeatedSpecs(t *testing.T) {
 func TestReportOfASingleRun(t *testing.T) {
 	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, 1, claimsCore, []Result{run(1, Passed)}, time.Time{})
 	s := rep.Profiles[0].Specs[0]
-	if s.Passes != "" || s.Runs != nil || s.ChecksFromRun != 0 || s.resultColumn() != "passed" {
+	if s.Passes != "" || s.Runs != nil || s.ChecksFromRun != 0 || s.Result != Passed {
 		t.Errorf("single run reported as %+v", s)
 	}
 }
@@ -169,7 +170,7 @@ func TestSpreadOverRuns(t *testing.T) {
 		{ID: "A", Profile: Core, Result: Errored, Reason: "environment: topology: no space"},
 	}
 	got := spread(runs)
-	want := []FigureSpread{
+	want := []report.FigureSpread{
 		{Check: "no failed attempt to :30001", Figure: "failed_attempts", Unit: "attempts", Budget: &zero, Runs: 4, Min: 0, Median: 0, Max: 14, OverBudget: 1},
 		{Check: "no failed attempt to :30001", Figure: "max_latency", Unit: "attempts", Runs: 4, Min: 3, Median: 4.5, Max: 9},
 	}

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/dpconform/dpconform/conformance/report"
 	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
@@ -32,12 +33,12 @@ const (
 // budgets and every spec's result with its checks and failure message. With the
 // timelines next to it, it is all report.yaml and report.html are made of.
 type RunRecord struct {
-	Format         int            `json:"format"`
-	Date           time.Time      `json:"date"`
-	Implementation Implementation `json:"implementation"`
-	Topology       string         `json:"topology"`
-	Budgets        Budgets        `json:"budgets"`
-	Repeat         int            `json:"repeat"`
+	Format         int                   `json:"format"`
+	Date           time.Time             `json:"date"`
+	Implementation report.Implementation `json:"implementation"`
+	Topology       string                `json:"topology"`
+	Budgets        Budgets               `json:"budgets"`
+	Repeat         int                   `json:"repeat"`
 	// Claimed are the profiles the run certifies (Runner.Claimed).
 	Claimed []Profile `json:"claimed"`
 	Results []Result  `json:"results"`
@@ -47,7 +48,7 @@ type RunRecord struct {
 func NewRunRecord(r *Runner, topology string, results []Result, now time.Time) RunRecord {
 	rec := RunRecord{
 		Format: dataFormat, Date: now.UTC().Truncate(time.Second), Topology: topology,
-		Implementation: Implementation{Name: r.info.Name, Version: r.info.Version, Profiles: r.info.Profiles, Features: r.info.Features},
+		Implementation: report.Implementation{Name: r.info.Name, Version: r.info.Version, Profiles: r.info.Profiles, Features: r.info.Features},
 		Budgets:        r.cfg.Budgets, Repeat: r.cfg.Repeat, Results: results,
 	}
 	for _, p := range AllProfiles {
@@ -59,7 +60,7 @@ func NewRunRecord(r *Runner, topology string, results []Result, now time.Time) R
 }
 
 // Report builds the report of the recorded run.
-func (rec RunRecord) Report() Report {
+func (rec RunRecord) Report() report.Report {
 	info := driver.Info{Name: rec.Implementation.Name, Version: rec.Implementation.Version,
 		Profiles: rec.Implementation.Profiles, Features: rec.Implementation.Features}
 	claimed := func(p Profile) bool { return slices.Contains(rec.Claimed, p) }
@@ -68,21 +69,21 @@ func (rec RunRecord) Report() Report {
 
 // WriteReports saves the run data in dir and writes report.yaml and report.html from
 // it (the timelines the results name are already there, saved by the runner).
-func (rec RunRecord) WriteReports(dir string) (Report, error) {
+func (rec RunRecord) WriteReports(dir string) (report.Report, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return Report{}, err
+		return report.Report{}, err
 	}
 	data, err := json.MarshalIndent(rec, "", " ")
 	if err != nil {
-		return Report{}, err
+		return report.Report{}, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, RunFile), data, 0o644); err != nil {
-		return Report{}, err
+		return report.Report{}, err
 	}
 	return rec.writeReports(dir)
 }
 
-func (rec RunRecord) writeReports(dir string) (Report, error) {
+func (rec RunRecord) writeReports(dir string) (report.Report, error) {
 	rep := rec.Report()
 	if err := rep.WriteYAML(filepath.Join(dir, YAMLFile)); err != nil {
 		return rep, err
@@ -96,10 +97,10 @@ func (rec RunRecord) writeReports(dir string) (Report, error) {
 
 // Rebuild reads the run data saved in dir and writes its report.yaml and report.html
 // again: `dpconform report DIR`.
-func Rebuild(dir string) (Report, error) {
+func Rebuild(dir string) (report.Report, error) {
 	rec, err := LoadRun(dir)
 	if err != nil {
-		return Report{}, err
+		return report.Report{}, err
 	}
 	return rec.writeReports(dir)
 }

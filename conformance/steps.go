@@ -107,7 +107,7 @@ func AddPod(spec topologies.PodSpec, into *topologies.Pod) Step {
 		if err != nil {
 			return err
 		}
-		e.World.Timeline.Record(EventPodAdded, spec.Name)
+		e.Record(EventPodAdded, spec.Name)
 		if into != nil {
 			*into = p
 		}
@@ -121,7 +121,7 @@ func RemovePod(p topologies.Pod) Step {
 		if err := e.Topo.RemovePod(ctx, p); err != nil {
 			return err
 		}
-		e.World.Timeline.Record(EventPodRemoved, p.Name())
+		e.Record(EventPodRemoved, p.Name())
 		return nil
 	}}
 }
@@ -134,7 +134,7 @@ func VanishPod(p topologies.Pod) Step {
 		if err := e.World.VanishPod(ctx, p); err != nil {
 			return err
 		}
-		e.World.Timeline.Record(EventPodRemoved, p.Name())
+		e.Record(EventPodRemoved, p.Name())
 		return nil
 	}}
 }
@@ -146,7 +146,7 @@ func StopServer(srv *probe.Process) Step {
 		if err := srv.Stop(ctx); err != nil {
 			return fmt.Errorf("stop the server %s: %w", srv.Name(), err)
 		}
-		e.World.Timeline.Record(EventServerStop, srv.Name())
+		e.Record(EventServerStop, srv.Name())
 		return nil
 	}}
 }
@@ -155,7 +155,7 @@ func StopServer(srv *probe.Process) Step {
 // the steps that remove it).
 func Record(name, detail string) Step {
 	return Step{"record " + name, func(_ context.Context, e *Env) error {
-		e.World.Timeline.Record(name, detail)
+		e.Record(name, detail)
 		return nil
 	}}
 }
@@ -203,7 +203,7 @@ func Apply(obj runtime.Object) Step {
 		if err != nil {
 			return fmt.Errorf("apply %s: %w", describe(obj), err)
 		}
-		e.World.Timeline.Record(EventObjectChange, "applied "+describe(obj))
+		e.Record(EventObjectChange, "applied "+describe(obj))
 		return nil
 	}}
 }
@@ -224,7 +224,7 @@ func Delete(obj runtime.Object) Step {
 		if err != nil {
 			return fmt.Errorf("delete %s: %w", describe(obj), err)
 		}
-		e.World.Timeline.Record(EventObjectChange, "deleted "+describe(obj))
+		e.Record(EventObjectChange, "deleted "+describe(obj))
 		return nil
 	}}
 }

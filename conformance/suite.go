@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dpconform/dpconform/conformance/report"
 	"github.com/onsi/ginkgo/v2"
 )
 
@@ -26,7 +27,7 @@ type SuiteOptions struct {
 	// Focus, if set, runs only the specs whose IDs match these regular expressions.
 	Focus []string
 	// Report, if set, receives the report once it is written.
-	Report *Report
+	Report *report.Report
 }
 
 // RunSuite turns the registry into Ginkgo specs (labelled with their profile and

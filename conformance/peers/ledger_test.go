@@ -65,10 +65,10 @@ var tierRuns = []tierRun{
 // (TestJudgedByCoversWhatDecidesARun).
 func (p tierRun) judgedBy() []string {
 	return []string{
-		":(glob)conformance/*", "conformance/specs", "fv", ":(glob)topologies/*",
+		":(glob)conformance/*", "conformance/specs", "conformance/report", "fv", ":(glob)topologies/*",
 		"topologies/netns", "topologies/controlplane", "topologies/kubeobj", "internal",
 		"go.mod", "go.sum",
-		":(exclude,glob)conformance/*_test.go", ":(exclude,glob)conformance/specs/*_test.go",
+		":(exclude,glob)conformance/*_test.go", ":(exclude,glob)conformance/specs/*_test.go", ":(exclude,glob)conformance/report/*_test.go",
 		":(exclude,glob)fv/**/*_test.go", ":(exclude,glob)topologies/**/*_test.go",
 		":(exclude,glob)internal/**/*_test.go", ":(exclude,glob)**/testdata/**",
 		":(exclude)internal/ledger", ":(exclude)internal/layering", ":(exclude)internal/testtime",

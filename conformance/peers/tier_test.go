@@ -52,7 +52,7 @@ func TestJudgedByCoversWhatDecidesARun(t *testing.T) {
 			}
 			for _, want := range []string{
 				"conformance/runner.go", "conformance/specs/restart_nodeport_new.go", "fv/probe/config.go",
-				"fv/matchers/streams.go", "topologies/netns/cleanup.go", "topologies/controlplane/reset.go",
+				"fv/matchers/streams.go", "topologies/netns/cleanup.go", "topologies/controlplane/reset.go", "conformance/report/report.go",
 				"drivers/" + p.Peer + "-driver/main.go", "driver/daemon/daemon.go", "driver/skel/skel.go",
 				"drivers/kubeproxy/kubeproxy.go", "drivers/internal/cache/cache.go", "conformance/peers/run_test.go",
 				"conformance/peers/" + p.TestFile, "topologies/binaries/go.mod", "go.mod",

@@ -16,6 +16,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/report"
 	"github.com/dpconform/dpconform/internal/ledger"
 )
 
@@ -25,7 +26,7 @@ type Column struct {
 	Title string
 	// Link is the report's path, relative to the page the matrix is written into.
 	Link   string
-	Report conformance.Report
+	Report report.Report
 	// Provenance is the ledger's record of the run (zero for a run set beside the
 	// ledger).
 	Provenance ledger.Provenance
@@ -60,8 +61,8 @@ func Load(root string) ([]Column, error) {
 
 // ReadReport reads a report.yaml; a field it does not know is an error, so a report of
 // another format is never half read.
-func ReadReport(path string) (conformance.Report, error) {
-	var rep conformance.Report
+func ReadReport(path string) (report.Report, error) {
+	var rep report.Report
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return rep, err
@@ -106,7 +107,7 @@ func (c Column) Complete() bool {
 		if !p.Claimed {
 			continue
 		}
-		if !slices.ContainsFunc(p.Specs, func(s conformance.SpecReport) bool {
+		if !slices.ContainsFunc(p.Specs, func(s report.SpecReport) bool {
 			return s.Result == conformance.Skipped && strings.HasPrefix(s.Reason, "not selected")
 		}) {
 			return true
@@ -118,8 +119,8 @@ func (c Column) Complete() bool {
 // profileCell is a profile's result in the headline: how many of the specs that ran
 // passed ("11 of 11", "**9 of 11**" when one did not), how many did not run (a
 // focused run), or why the profile was not run.
-func profileCell(rep conformance.Report, p conformance.Profile) string {
-	i := slices.IndexFunc(rep.Profiles, func(pr conformance.ProfileReport) bool { return pr.Name == p })
+func profileCell(rep report.Report, p conformance.Profile) string {
+	i := slices.IndexFunc(rep.Profiles, func(pr report.ProfileReport) bool { return pr.Name == p })
 	if i < 0 {
 		if !slices.Contains(rep.Implementation.Profiles, string(p)) {
 			return "not claimed"
@@ -157,9 +158,9 @@ func profileCell(rep conformance.Report, p conformance.Profile) string {
 // catalogue, a column per run.
 func Matrix(cols []Column) string {
 	var b strings.Builder
-	bySpec := make([]map[string]conformance.SpecReport, len(cols))
+	bySpec := make([]map[string]report.SpecReport, len(cols))
 	for i, c := range cols {
-		bySpec[i] = map[string]conformance.SpecReport{}
+		bySpec[i] = map[string]report.SpecReport{}
 		for _, p := range c.Report.Profiles {
 			for _, s := range p.Specs {
 				bySpec[i][s.ID] = s
@@ -200,7 +201,7 @@ func Matrix(cols []Column) string {
 
 // specCell is one spec's result in one run: passed with its key figure, failed with
 // its kind and the figure that broke the budget, or why it did not run.
-func specCell(rep conformance.Report, p conformance.Profile, s conformance.SpecReport, ok bool) string {
+func specCell(rep report.Report, p conformance.Profile, s report.SpecReport, ok bool) string {
 	if !ok {
 		if !slices.Contains(rep.Implementation.Profiles, string(p)) {
 			return "not claimed"
@@ -239,8 +240,8 @@ var keyFigures = map[string]bool{"failed_attempts": true, "max_gap": true, "rese
 
 // figure is the figure to show for s: for a pass, its key figure closest to its
 // budget; for a failure, the first figure over its budget.
-func figure(s conformance.SpecReport, passed bool) string {
-	var best conformance.FigureReport
+func figure(s report.SpecReport, passed bool) string {
+	var best report.FigureReport
 	bestRatio := -1.0
 	for _, c := range s.Checks {
 		if strings.HasPrefix(c.Name, "precondition: ") && passed {

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/report"
 	_ "github.com/dpconform/dpconform/conformance/specs"
 	"github.com/dpconform/dpconform/internal/ledger"
 )
@@ -30,13 +31,13 @@ func ledgerWith(t *testing.T) (root, readme string) {
 		t.Fatal(err)
 	}
 	budget := 200.0
-	rep := conformance.Report{
+	rep := report.Report{
 		APIVersion: "dpconform.io/v1alpha1", Kind: "ConformanceReport", Topology: "netns",
-		Implementation: conformance.Implementation{Name: "peer", Version: "v1", Profiles: []string{"Core"}},
-		Profiles: []conformance.ProfileReport{{Name: conformance.Core, Claimed: true, Result: conformance.Failed, Specs: []conformance.SpecReport{
-			{ID: "RESTART-ESTABLISHED", Result: conformance.Passed, Checks: []conformance.CheckReport{{Name: "streams", Figures: []conformance.FigureReport{
+		Implementation: report.Implementation{Name: "peer", Version: "v1", Profiles: []string{"Core"}},
+		Profiles: []report.ProfileReport{{Name: conformance.Core, Claimed: true, Result: conformance.Failed, Specs: []report.SpecReport{
+			{ID: "RESTART-ESTABLISHED", Result: conformance.Passed, Checks: []report.CheckReport{{Name: "streams", Figures: []report.FigureReport{
 				{Name: "max_gap", Measured: "max gap 12 ms (budget 200 ms)", Value: 12, Budget: &budget, Within: true}}}}},
-			{ID: "SVC-ENDPOINT-VANISH", Result: conformance.Failed, Kind: "hang", Checks: []conformance.CheckReport{{Name: "streams end", Figures: []conformance.FigureReport{
+			{ID: "SVC-ENDPOINT-VANISH", Result: conformance.Failed, Kind: "hang", Checks: []report.CheckReport{{Name: "streams end", Figures: []report.FigureReport{
 				{Name: "hung", Measured: "hung 9 of 9 (budget 0)", Value: 9, Budget: new(float64), Within: false}}}}},
 		}}},
 	}

@@ -125,7 +125,7 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 				if err := f.NodeA.AddAddress(ctx, spare); err != nil {
 					return err
 				}
-				served.arm(e.World.Timeline.Record(addressAdded, spare.String()))
+				served.arm(e.Record(addressAdded, spare.String()))
 				return nil
 			}),
 			conformance.Do("wait until the NodePort answers on "+spare.String(), func(ctx context.Context, _ *conformance.Env) error {
@@ -145,7 +145,7 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 				if err := f.NodeA.RemoveAddress(ctx, spare); err != nil {
 					return err
 				}
-				e.World.Timeline.Record(addressRemoved, spare.String())
+				e.Record(addressRemoved, spare.String())
 				return nil
 			}),
 		},

@@ -288,7 +288,7 @@ func arrivals(e *conformance.Env, o *orderWorld, role string, to ...topologies.P
 			wctx, cancel := context.WithTimeout(ctx, e.Budgets.PolicyProgrammed)
 			defer cancel()
 			// D's server records the pod's datagrams: no other probe adds to the load.
-			if _, err := e.World.Timeline.Await(wctx, func(ev probe.Event) bool {
+			if _, err := e.World.Timeline().Await(wctx, func(ev probe.Event) bool {
 				return ev.Kind == probe.KindRecv && ev.From == name && ev.Target == o.d.Name()
 			}); err != nil {
 				if ctx.Err() != nil {
@@ -296,7 +296,7 @@ func arrivals(e *conformance.Env, o *orderWorld, role string, to ...topologies.P
 				}
 				return fmt.Errorf("%w: no datagram of %s reached D within %s of its pod-added", workloads.ErrNotFlowing, name, e.Budgets.PolicyProgrammed)
 			}
-			e.World.Timeline.Record(EventPodLive, name)
+			e.Record(EventPodLive, name)
 			t := time.NewTimer(newcomerLive)
 			defer t.Stop()
 			select {

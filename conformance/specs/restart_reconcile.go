@@ -146,7 +146,7 @@ func restartReconcile(ctx context.Context, e *conformance.Env) error {
 				if err != nil {
 					return fmt.Errorf("%w: %w", conformance.ErrEnvironment, err)
 				}
-				e.World.Timeline.Record(conformance.EventObjectChange, "created Service default/s2")
+				e.Record(conformance.EventObjectChange, "created Service default/s2")
 				_, err = e.World.StartProbe(ctx, client, e.Connect("s2", s2.ClusterIPAddr()))
 				return err
 			}),
@@ -157,7 +157,7 @@ func restartReconcile(ctx context.Context, e *conformance.Env) error {
 				if err := topologies.WaitForEndpoints(wctx, e.Topo.Kube(), s1.Namespace, s1.Name, stays, joins); err != nil {
 					return fmt.Errorf("%w: %w", conformance.ErrEnvironment, err)
 				}
-				e.World.Timeline.Record(endpointsUpdated, s1.Name)
+				e.Record(endpointsUpdated, s1.Name)
 				return nil
 			}),
 			conformance.Start(nodeA),
@@ -185,7 +185,7 @@ func relabel(p topologies.Pod, labels map[string]string, event string) conforman
 		if err != nil {
 			return err
 		}
-		e.World.Timeline.Record(event, p.Name())
+		e.Record(event, p.Name())
 		// A merge patch replaces the values of the keys it names: the selector's key.
 		if _, err := e.Topo.Kube().CoreV1().Pods(p.Namespace()).Patch(ctx, p.Name(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			return fmt.Errorf("relabel pod %s/%s: %w", p.Namespace(), p.Name(), err)

@@ -122,7 +122,7 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 				if err := topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, keep, newcomer); err != nil {
 					return err
 				}
-				drained.arm(e.World.Timeline.Record(endpointsUpdated, ""))
+				drained.arm(e.Record(endpointsUpdated, ""))
 				return nil
 			}),
 			conformance.Do(fmt.Sprintf("wait until %d new connections in a row reach churn-keep or churn-new (at most %s)", drainStreak, budget),

@@ -283,7 +283,7 @@ var _ = Describe("kube-router through its driver", Ordered, ContinueOnFailure, f
 		// delete, and never in between.
 		for _, s := range sources {
 			var atts []probe.Event
-			for _, e := range w.Timeline.Whole().Events {
+			for _, e := range w.Timeline().Whole().Events {
 				if e.Kind == probe.KindAttempt && e.Probe == "connect-"+s.id {
 					atts = append(atts, e)
 				}

@@ -123,7 +123,7 @@ func TestWaitReady(t *testing.T) {
 			if !tc.check(err) {
 				t.Errorf("WaitReady = %v", err)
 			}
-			recorded := len(w.Timeline.Transitions()) == 1 && w.Timeline.Transitions()[0].Name == timeline.Ready
+			recorded := len(w.Timeline().Transitions()) == 1 && w.Timeline().Transitions()[0].Name == timeline.Ready
 			if recorded != (err == nil) {
 				t.Errorf("ready recorded: %v, error: %v", recorded, err)
 			}
@@ -192,7 +192,7 @@ func TestReadyAt(t *testing.T) {
 	if err := w.WaitReady(context.Background(), w.Topo.Nodes()[0]); err != nil {
 		t.Fatal(err)
 	}
-	if tr := w.Timeline.Transitions(); len(tr) != 1 || tr[0].Time != since.Add(30*time.Millisecond) {
+	if tr := w.Timeline().Transitions(); len(tr) != 1 || tr[0].Time != since.Add(30*time.Millisecond) {
 		t.Errorf("ready recorded %+v, want at the driver's %d", tr, since.Add(30*time.Millisecond))
 	}
 }
@@ -223,7 +223,7 @@ func TestUpgradeKeepsTheNewOptions(t *testing.T) {
 		t.Errorf("Starts() = %q, want %q", got, want[:2])
 	}
 	var details []string
-	for _, tr := range w.Timeline.Transitions() {
+	for _, tr := range w.Timeline().Transitions() {
 		if tr.Name == timeline.StartSent {
 			details = append(details, tr.Detail)
 		}

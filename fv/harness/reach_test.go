@@ -100,7 +100,7 @@ func TestReachConcurrently(t *testing.T) {
 		}
 	}
 	onTimeline := 0
-	for _, e := range w.Timeline.Whole().Events {
+	for _, e := range w.Timeline().Whole().Events {
 		if e.Kind == probe.KindReach {
 			onTimeline++
 		}

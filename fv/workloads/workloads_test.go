@@ -77,7 +77,7 @@ func TestFixturesOnABareTopology(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := map[string]int{}
-	for _, e := range w.Timeline.Whole().Events {
+	for _, e := range w.Timeline().Whole().Events {
 		if e.Kind == probe.KindRecv && e.Proto == "udp" && e.Backend == to.ID() {
 			got[e.Target]++
 		}

@@ -27,6 +27,10 @@ var forbidden = map[string][]string{
 	"drivers": {"conformance", "fv", "topologies", "internal"},
 }
 
+// reportAPI is the report's format (report.yaml): vendors' tooling and the results
+// ledger read it without the suite, so it imports nothing of the project.
+const reportAPI = module + "conformance/report"
+
 // kubeProxy is the one package of drivers/ the suite imports: kube-proxy is where a
 // ModeSwitch spec starts from, run by the suite itself (fv/harness), and the
 // kube-proxy driver runs it with the same library.
@@ -69,6 +73,13 @@ func TestLayering(t *testing.T) {
 		bans := forbidden[tree(p.ImportPath)]
 		checked++
 		inKit := tree(p.ImportPath) == kit && p.ImportPath != kitWorld
+		if p.ImportPath == reportAPI {
+			for _, d := range p.Deps {
+				if strings.HasPrefix(d, module) {
+					t.Errorf("%s imports %s: the report's format imports nothing of the project (docs/architecture.md, Layering)", p.ImportPath, d)
+				}
+			}
+		}
 		if inKit {
 			kits++
 		}

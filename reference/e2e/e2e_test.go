@@ -14,8 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
-	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/drivers/kubeproxy"
+	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
@@ -118,7 +118,7 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 	// run, and returns the window of the transition.
 	restartUnderTraffic := func(ctx context.Context, crash bool) timeline.Window {
 		GinkgoHelper()
-		w.Timeline = timeline.New()
+		w.NewTimeline()
 		for _, t := range append(append([]target{}, targets...), direct...) {
 			_, err := w.StartProbe(ctx, t.from, probe.Stream{Name: "stream-" + t.name, Target: t.addr, Streams: 2})
 			Expect(err).NotTo(HaveOccurred())
@@ -137,7 +137,7 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		Expect(w.WaitReady(ctx, nodeA)).To(Succeed())
 		time.Sleep(3 * time.Second)
 		Expect(w.StopProbes(ctx)).To(Succeed())
-		win, err := w.Timeline.TransitionWindow(time.Second, 3*time.Second)
+		win, err := w.Timeline().TransitionWindow(time.Second, 3*time.Second)
 		Expect(err).NotTo(HaveOccurred())
 		return win
 	}
@@ -163,7 +163,7 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 	// EndpointSlices list only the new backend, "udp-new".
 	replaceUDPBackend := func(ctx context.Context, name string) timeline.Window {
 		GinkgoHelper()
-		w.Timeline = timeline.New()
+		w.NewTimeline()
 		labels := map[string]string{"app": name}
 		old, oldSrv, err := workloads.AddBackend(ctx, w, name+"-old", topo.Nodes()[1].Name(), labels)
 		Expect(err).NotTo(HaveOccurred())
@@ -178,7 +178,7 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		Expect(err).NotTo(HaveOccurred())
 		time.Sleep(time.Second)
 
-		w.Timeline.Record("backend-added", name+"-new")
+		w.Timeline().Record("backend-added", name+"-new")
 		newer, newSrv, err := workloads.AddBackend(ctx, w, name+"-new", nodeA.Name(), labels)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func(ctx SpecContext) {
@@ -188,10 +188,10 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		Expect(w.StopProbe(ctx, oldSrv)).To(Succeed())
 		Expect(topo.RemovePod(ctx, old)).To(Succeed())
 		Expect(topologies.WaitForListedEndpoints(ctx, topo.Kube(), svc.Namespace, svc.Name, newer)).To(Succeed())
-		w.Timeline.Record("endpoints-updated", "")
+		w.Timeline().Record("endpoints-updated", "")
 		time.Sleep(2 * time.Second)
 		Expect(w.StopProbes(ctx)).To(Succeed())
-		win, err := w.Timeline.SpanWindow(500*time.Millisecond, 2*time.Second)
+		win, err := w.Timeline().SpanWindow(500*time.Millisecond, 2*time.Second)
 		Expect(err).NotTo(HaveOccurred())
 		return win
 	}

@@ -19,7 +19,6 @@ import (
 
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/probe"
-	"github.com/dpconform/dpconform/fv/timeline"
 	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/reference/faults"
 	"github.com/dpconform/dpconform/topologies"
@@ -138,7 +137,7 @@ func describePolicyTransitions(get func() policyWorld) {
 			return reached(ctx, pw.client, probe.Target{Label: "sealed", Proto: "tcp", Addr: addr})
 		}).WithContext(ctx).Should(BeFalse(), "the deny-all policy does not hold")
 
-		pw.w.Timeline = timeline.New()
+		pw.w.NewTimeline()
 		conn, err := pw.w.StartProbe(ctx, pw.client, probe.Connect{Name: "denied-tcp", Target: addr, Interval: 2 * time.Millisecond})
 		Expect(err).NotTo(HaveOccurred())
 		udp, err := pw.w.StartProbe(ctx, pw.client, probe.UDP{Name: "denied-udp", To: []probe.Destination{{Label: "sealed", Addr: addr}}, Interval: 2 * time.Millisecond, NewSocket: true})
@@ -158,7 +157,7 @@ func describePolicyTransitions(get func() policyWorld) {
 		Expect(pw.w.StopProbe(ctx, conn)).To(Succeed())
 		Expect(pw.w.StopProbe(ctx, udp)).To(Succeed())
 		attempts := 0
-		for _, e := range pw.w.Timeline.Whole().Inside() {
+		for _, e := range pw.w.Timeline().Whole().Inside() {
 			if e.Probe == "denied-tcp" && e.Kind == probe.KindAttempt {
 				attempts++
 				if e.Outcome == probe.OK {
@@ -349,7 +348,7 @@ func describePolicyTransitions(get func() policyWorld) {
 		target := probe.Target{Label: "replaced", Proto: "tcp", Addr: workloads.Direct(r)}
 		Eventually(func(ctx context.Context) bool { return reached(ctx, pw.client, target) }).WithContext(ctx).Should(BeTrue())
 
-		pw.w.Timeline = timeline.New()
+		pw.w.NewTimeline()
 		conn, err := pw.w.StartProbe(ctx, pw.client, probe.Connect{Name: "replace-tcp", Target: target.Addr, Interval: 2 * time.Millisecond})
 		Expect(err).NotTo(HaveOccurred())
 		time.Sleep(500 * time.Millisecond)
@@ -364,7 +363,7 @@ func describePolicyTransitions(get func() policyWorld) {
 		Expect(pw.w.StopProbe(ctx, conn)).To(Succeed())
 		var firstFail, lastFail time.Time
 		attempts := 0
-		for _, e := range pw.w.Timeline.Whole().Inside() {
+		for _, e := range pw.w.Timeline().Whole().Inside() {
 			if e.Probe != "replace-tcp" || e.Kind != probe.KindAttempt {
 				continue
 			}

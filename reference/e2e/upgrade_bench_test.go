@@ -90,7 +90,7 @@ func upgradeOnce(b *testing.B, drv driver.Driver) (copyMs, readyMs, rssMB float6
 		b.Fatal(err)
 	}
 	// The traffic's timeline: its window is the upgrade's alone.
-	w.Timeline = timeline.New()
+	w.NewTimeline()
 	for _, fl := range append(f.DirectFlows(), f.ServiceFlows(topo)...) {
 		if _, err := w.StartProbe(ctx, fl.From, probe.Stream{Name: "stream-" + fl.Name, Target: fl.Target, Streams: 2}); err != nil {
 			b.Fatal(err)
@@ -130,7 +130,7 @@ func upgradeOnce(b *testing.B, drv driver.Driver) (copyMs, readyMs, rssMB float6
 	if st.Migration == nil || st.Migration.Copied+st.Migration.Present < benchEntries {
 		b.Fatalf("the agent migrated %+v, want %d entries", st.Migration, benchEntries)
 	}
-	win, err := w.Timeline.TransitionWindow(time.Second, 3*time.Second)
+	win, err := w.Timeline().TransitionWindow(time.Second, 3*time.Second)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -72,7 +72,7 @@ func main() {
 	case "run":
 		err = run(os.Args[2:])
 	case "report":
-		err = report(os.Args[2:])
+		err = rebuildReport(os.Args[2:])
 	case "specs":
 		err = specs(os.Args[2:])
 	case "matrix":

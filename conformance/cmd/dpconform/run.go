@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/report"
 	_ "github.com/dpconform/dpconform/conformance/specs" // the catalogue
 	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/fv/probe"
@@ -130,7 +131,7 @@ func run(args []string) error {
 		}
 	}
 	t := &suiteT{}
-	var rep conformance.Report
+	var rep report.Report
 	// dpconform prints its own progress, each failure's timeline and the summary;
 	// Ginkgo's console reporter would write over the live line. (junit.xml is
 	// Ginkgo's still.)
@@ -237,7 +238,7 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
 
-func report(args []string) error {
+func rebuildReport(args []string) error {
 	fs := flag.NewFlagSet("report", flag.ExitOnError)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "usage: dpconform report DIR\n\nwrites DIR/report.yaml and DIR/report.html again from the run data a run saved in DIR\n(run.json and timelines/)\n")
