@@ -18,6 +18,11 @@ import (
 //go:embed catalogue.md.tmpl
 var catalogueTemplate string
 
+// budgetView is a budget's line in the catalogue: its name and default.
+type budgetView struct {
+	Name, Value string
+}
+
 type catalogueView struct {
 	Profiles []catalogueProfile
 	Budgets  []budgetView

@@ -54,7 +54,7 @@ func TestCombineSumsPhasesOfRuns(t *testing.T) {
 		{ID: "X", Result: Passed, Phases: []PhaseTime{{PhaseTopology, time.Second}, {PhaseStart, time.Second}}},
 		{ID: "X", Result: Passed, Phases: []PhaseTime{{PhaseTopology, 2 * time.Second}, {PhaseCleanup, time.Second}}},
 	}
-	if got, want := PhasesString(combine(runs).Phases), "topology 3s, start 1s, cleanup 1s"; got != want {
+	if got, want := PhasesString(Combine(runs).Phases), "topology 3s, start 1s, cleanup 1s"; got != want {
 		t.Errorf("phases = %q, want %q", got, want)
 	}
 }

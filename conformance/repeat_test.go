@@ -47,7 +47,7 @@ func TestCombineRuns(t *testing.T) {
 		{"passed and skipped runs", []Result{run(1, Passed), run(2, Skipped), run(3, Passed)}, Skipped, "skipped in 1 of 3 runs: not claimed", 2, 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := combine(tc.runs)
+			got := Combine(tc.runs)
 			if got.Result != tc.want || got.Reason != tc.reason {
 				t.Errorf("combine = %s %q, want %s %q", got.Result, got.Reason, tc.want, tc.reason)
 			}
@@ -93,8 +93,8 @@ func TestNewRunnerRefusesANegativeRepeat(t *testing.T) {
 }
 
 func TestReportOfRepeatedSpecs(t *testing.T) {
-	flaky := combine([]Result{run(1, Passed), run(2, Failed), run(3, Passed)})
-	steady := combine([]Result{run(1, Passed), run(2, Passed), run(3, Passed)})
+	flaky := Combine([]Result{run(1, Passed), run(2, Failed), run(3, Passed)})
+	steady := Combine([]Result{run(1, Passed), run(2, Passed), run(3, Passed)})
 	steady.ID = "B"
 	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, 3, claimsCore, []Result{flaky, steady}, time.Time{})
 	if p := rep.Profiles[0]; p.Result != Failed || p.Summary != "1 passed, 1 failed, 0 skipped, 0 error" {
@@ -187,12 +187,12 @@ func TestSpreadOverRuns(t *testing.T) {
 		t.Errorf("String() = %q", s)
 	}
 
-	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, 5, claimsCore, []Result{combine(runs)}, time.Time{})
+	rep := BuildReport(driverInfo(), "netns", DefaultBudgets, 5, claimsCore, []Result{Combine(runs)}, time.Time{})
 	if sp := rep.Profiles[0].Specs[0].Spread; len(sp) != 2 {
 		t.Errorf("the report's spread: %+v", sp)
 	}
 	var out bytes.Buffer
-	steady := combine([]Result{runs[0], runs[2], runs[3]})
+	steady := Combine([]Result{runs[0], runs[2], runs[3]})
 	BuildReport(driverInfo(), "netns", DefaultBudgets, 3, claimsCore, []Result{steady}, time.Time{}).PrintSummary(&out)
 	if !strings.Contains(out.String(), "failed attempts 0/0/0 (min/median/max)") {
 		t.Errorf("the summary of a repeated spec that passed gives its key figures' spread:\n%s", out.String())
@@ -215,7 +215,7 @@ func TestKeepTimelines(t *testing.T) {
 		}
 	}
 	r := &Runner{cfg: Config{OutputDir: dir, Logf: t.Logf}}
-	res := combine(runs)
+	res := Combine(runs)
 	r.keepTimelines(&res)
 	for i, want := range []bool{false, true, false} {
 		_, err := os.Stat(filepath.Join(dir, timelineFile("A", i+1, 3)))
@@ -227,7 +227,7 @@ func TestKeepTimelines(t *testing.T) {
 		t.Errorf("the result's timeline is %q, want the failed run's", res.Timeline)
 	}
 
-	clean := combine([]Result{run(1, Passed), run(2, Passed)})
+	clean := Combine([]Result{run(1, Passed), run(2, Passed)})
 	clean.Runs[0].Timeline, clean.Runs[1].Timeline = "t1", "t2"
 	r.keepTimelines(&clean)
 	if clean.Timeline != "t2" || clean.Runs[0].Timeline != "" {

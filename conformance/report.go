@@ -106,7 +106,7 @@ func BuildReport(info driver.Info, topology string, budgets Budgets, repeat int,
 			if r.Result == Skipped && !r.Optional {
 				notRun++
 			}
-			pr.Specs = append(pr.Specs, specReport(r))
+			pr.Specs = append(pr.Specs, r.Report())
 		}
 		switch {
 		case !pr.Claimed:
@@ -126,7 +126,8 @@ func BuildReport(info driver.Info, topology string, budgets Budgets, repeat int,
 	return rep
 }
 
-func specReport(r Result) report.SpecReport {
+// Report is the result's line in report.yaml.
+func (r Result) Report() report.SpecReport {
 	sr := report.SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics, Starts: r.Starts, Timeline: filepath.ToSlash(r.Timeline), Void: r.Void, Phases: phaseReports(r.Phases)}
 	if len(r.Runs) > 0 {
 		k, n := r.Passes()
@@ -161,5 +162,6 @@ func figureReport(f matchers.Figure) report.FigureReport {
 	return fr
 }
 
-// measured renders a figure for people: "failed attempts 0 of 4,812 (budget 0)".
-func measured(f matchers.Figure) string { return figureReport(f).Measured }
+// FigureText renders a figure for people, as the report does: "failed attempts 0 of
+// 4,812 (budget 0)".
+func FigureText(f matchers.Figure) string { return figureReport(f).Measured }

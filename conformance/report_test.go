@@ -22,8 +22,8 @@ func TestMeasured(t *testing.T) {
 		{matchers.Figure{Name: "max_gap", Value: 7.04, Unit: "ms", Budget: &two}, "max gap 7.0 ms (budget 200 ms)"},
 		{matchers.Figure{Name: "resets", Value: 3, Unit: "resets", Of: 12, Budget: &zero}, "resets 3 of 12 (budget 0)"},
 	} {
-		if got := measured(tc.f); got != tc.want {
-			t.Errorf("measured(%+v) = %q, want %q", tc.f, got, tc.want)
+		if got := FigureText(tc.f); got != tc.want {
+			t.Errorf("FigureText(%+v) = %q, want %q", tc.f, got, tc.want)
 		}
 	}
 }
@@ -178,7 +178,7 @@ func TestReportRecordsStarts(t *testing.T) {
 			t.Errorf("report.yaml lacks %q:\n%s", want, data)
 		}
 	}
-	combined := combine([]Result{{ID: "A", Result: Passed, Starts: []string{"start", "start --set ct-size=8"}}, {ID: "A", Result: Passed, Starts: []string{"start", "start --set ct-size=8"}}})
+	combined := Combine([]Result{{ID: "A", Result: Passed, Starts: []string{"start", "start --set ct-size=8"}}, {ID: "A", Result: Passed, Starts: []string{"start", "start --set ct-size=8"}}})
 	if strings.Join(combined.Starts, "|") != "start|start --set ct-size=8" {
 		t.Errorf("the starts of two runs combine to %q", combined.Starts)
 	}

@@ -71,12 +71,21 @@ func (r Result) FailedKinds() []FailureKind {
 	return out
 }
 
-// combine folds the runs of a spec into one result: failed if any run failed, error
+// FailedKindsText is FailedKinds for people: "timeout, reset".
+func (r Result) FailedKindsText() string {
+	var ks []string
+	for _, k := range r.FailedKinds() {
+		ks = append(ks, string(k))
+	}
+	return strings.Join(ks, ", ")
+}
+
+// Combine folds the runs of a spec into one result: failed if any run failed, error
 // if any errored and none failed, passed or skipped only if every run was (a mix of
 // passed and skipped runs is a skip that keeps the profile incomplete). It carries the
 // checks of the first failed run (else the first errored, else the last) and its
 // reason, prefixed with the run.
-func combine(runs []Result) Result {
+func Combine(runs []Result) Result {
 	res := Result{ID: runs[0].ID, Profile: runs[0].Profile, Description: runs[0].Description, Runs: runs}
 	count := map[ResultKind]int{}
 	for _, run := range runs {
@@ -164,7 +173,7 @@ func overBudget(c CheckResult) string {
 	var parts []string
 	for _, f := range c.Figures {
 		if !f.Within() {
-			parts = append(parts, measured(f))
+			parts = append(parts, FigureText(f))
 		}
 	}
 	if len(parts) == 0 {

@@ -122,6 +122,9 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 // Info is what the implementation said of itself.
 func (r *Runner) Info() driver.Info { return r.info }
 
+// Config is the configuration the runner runs with.
+func (r *Runner) Config() Config { return r.cfg }
+
 // Budgets are the budgets the runner holds the implementation to.
 func (r *Runner) Budgets() Budgets { return r.cfg.Budgets }
 
@@ -205,7 +208,7 @@ func (r *Runner) Run(ctx context.Context, s Spec) Result {
 	if len(runs) == 1 {
 		return runs[0]
 	}
-	res := combine(runs)
+	res := Combine(runs)
 	r.keepTimelines(&res)
 	final := p
 	final.Result, final.Final = &res, true

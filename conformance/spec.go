@@ -133,6 +133,11 @@ func Specs() []Spec {
 	return out
 }
 
+// Labels are the spec's profile and the features it needs, as Ginkgo labels.
+func (s Spec) Labels() []string {
+	return append([]string{string(s.Profile)}, featureStrings(s.Features)...)
+}
+
 func featureStrings(fs []Feature) []string {
 	out := make([]string, len(fs))
 	for i, f := range fs {

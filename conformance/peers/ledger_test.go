@@ -12,6 +12,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/record"
 	"github.com/dpconform/dpconform/internal/ledger"
 )
 
@@ -65,7 +66,7 @@ var tierRuns = []tierRun{
 // (TestJudgedByCoversWhatDecidesARun).
 func (p tierRun) judgedBy() []string {
 	return []string{
-		":(glob)conformance/*", "conformance/specs", "conformance/report", "fv", ":(glob)topologies/*",
+		":(glob)conformance/*", "conformance/specs", "conformance/report", "conformance/record/record.go", "fv", ":(glob)topologies/*",
 		"topologies/netns", "topologies/controlplane", "topologies/kubeobj", "internal",
 		"go.mod", "go.sum",
 		":(exclude,glob)conformance/*_test.go", ":(exclude,glob)conformance/specs/*_test.go", ":(exclude,glob)conformance/report/*_test.go",
@@ -123,7 +124,7 @@ func (p *publication) write() {
 	}
 	out := filepath.Join(repoRoot, "_output", "peers", p.peer.Peer, p.peer.Run)
 	Expect(os.MkdirAll(out, 0o755)).To(Succeed())
-	rec := conformance.NewRunRecord(p.runner, "netns", p.results, time.Now())
+	rec := record.NewRunRecord(p.runner, "netns", p.results, time.Now())
 	report := filepath.Join(out, ledger.ReportFile)
 	Expect(rec.Report().WriteYAML(report)).To(Succeed())
 	head, err := ledger.Head(repoRoot)

@@ -20,6 +20,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/record"
 	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
 )
@@ -70,7 +71,7 @@ func TestReportOfAFailedRunInABrowser(t *testing.T) {
 		t.Error("progress to a pipe has colour codes")
 	}
 
-	rec, err := conformance.LoadRun(runDir)
+	rec, err := record.LoadRun(runDir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -115,7 +116,7 @@ func TestReportOfAFailedRunInABrowser(t *testing.T) {
 	if err := os.CopyFS(rebuilt, os.DirFS(runDir)); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{conformance.HTMLFile, conformance.YAMLFile} {
+	for _, f := range []string{record.HTMLFile, record.YAMLFile} {
 		if err := os.Remove(filepath.Join(rebuilt, f)); err != nil {
 			t.Fatal(err)
 		}
@@ -123,7 +124,7 @@ func TestReportOfAFailedRunInABrowser(t *testing.T) {
 	if out, err := exec.CommandContext(ctx, bins["dpconform"], "report", rebuilt).CombinedOutput(); err != nil {
 		t.Fatalf("dpconform report: %v\n%s", err, out)
 	}
-	for _, f := range []string{conformance.HTMLFile, conformance.YAMLFile} {
+	for _, f := range []string{record.HTMLFile, record.YAMLFile} {
 		a, _ := os.ReadFile(filepath.Join(runDir, f))
 		b, _ := os.ReadFile(filepath.Join(rebuilt, f))
 		if len(a) == 0 || !bytes.Equal(a, b) {
@@ -131,7 +132,7 @@ func TestReportOfAFailedRunInABrowser(t *testing.T) {
 		}
 	}
 
-	page, err := filepath.Abs(filepath.Join(runDir, conformance.HTMLFile))
+	page, err := filepath.Abs(filepath.Join(runDir, record.HTMLFile))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/record"
 	"github.com/dpconform/dpconform/internal/buildbin"
 	"github.com/dpconform/dpconform/internal/privileged"
 )
@@ -92,7 +93,7 @@ func TestShellDriverFromTheDocs(t *testing.T) {
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
 		t.Fatalf("dpconform run with the shell driver: %v, want exit 1 (one spec certifies nothing)\n%s", err, logs.String())
 	}
-	rec, err := conformance.LoadRun(output)
+	rec, err := record.LoadRun(output)
 	if err != nil {
 		t.Fatal(err)
 	}

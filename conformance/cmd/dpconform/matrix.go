@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/record"
 	"github.com/dpconform/dpconform/conformance/results"
 	"github.com/dpconform/dpconform/internal/ledger"
 )
@@ -54,13 +54,13 @@ func matrix(args []string) error {
 		return err
 	}
 	for _, dir := range beside {
-		rep, err := results.ReadReport(filepath.Join(dir, conformance.YAMLFile))
+		rep, err := results.ReadReport(filepath.Join(dir, record.YAMLFile))
 		if err != nil {
 			return fmt.Errorf("--beside %s: %w (a run's output directory holds its report.yaml)", dir, err)
 		}
 		cols = append(cols, results.Column{
 			Title:  fmt.Sprintf("%s %s (%s)", rep.Implementation.Name, rep.Implementation.Version, dir),
-			Link:   filepath.ToSlash(filepath.Join(dir, conformance.YAMLFile)),
+			Link:   filepath.ToSlash(filepath.Join(dir, record.YAMLFile)),
 			Report: rep,
 		})
 	}
@@ -81,7 +81,7 @@ func publish(args []string) error {
 		return errors.New("usage: dpconform publish --run NAME --command CMD [--repo DIR] OUTPUT_DIR LEDGER (e.g. _output/conformance docs/results)")
 	}
 	out, root := fs.Arg(0), fs.Arg(1)
-	report := filepath.Join(out, conformance.YAMLFile)
+	report := filepath.Join(out, record.YAMLFile)
 	rep, err := results.ReadReport(report)
 	if err != nil {
 		return fmt.Errorf("%w (OUTPUT_DIR is a run's output directory)", err)

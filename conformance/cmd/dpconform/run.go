@@ -19,6 +19,7 @@ import (
 	"golang.org/x/term"
 
 	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/record"
 	"github.com/dpconform/dpconform/conformance/report"
 	_ "github.com/dpconform/dpconform/conformance/specs" // the catalogue
 	"github.com/dpconform/dpconform/driver"
@@ -57,7 +58,7 @@ func run(args []string) error {
 	if *drv == "" {
 		return errors.New("--driver is required: the path of your implementation's driver executable (see docs/driver.md)")
 	}
-	if _, err := conformance.FocusOnIDs(focus); err != nil {
+	if _, err := FocusOnIDs(focus); err != nil {
 		return fmt.Errorf("--focus: %w", err)
 	}
 	if *repeat < 1 {
@@ -136,7 +137,7 @@ func run(args []string) error {
 	// Ginkgo's console reporter would write over the live line. (junit.xml is
 	// Ginkgo's still.)
 	formatter.ColorableStdOut = io.Discard
-	conformance.RunSuite(t, conformance.SuiteOptions{Runner: r, OutputDir: *output, Summary: summaryAfter(prog, os.Stdout), Focus: focus, Report: &rep, Topology: reportTopology})
+	RunSuite(t, SuiteOptions{Runner: r, OutputDir: *output, Summary: summaryAfter(prog, os.Stdout), Focus: focus, Report: &rep, Topology: reportTopology})
 	var errs []error
 	if err := rep.Certified(); err != nil {
 		errs = append(errs, err)
@@ -207,18 +208,18 @@ func (k *kindTopologies) then(ctx context.Context, command string) error {
 // newProgress prints progress to stderr: a live line on a terminal, a line per phase
 // otherwise, a line per result with --quiet; colours only on a terminal that takes
 // them (NO_COLOR unset, TERM not dumb).
-func newProgress(quiet bool) *conformance.ProgressPrinter {
+func newProgress(quiet bool) *ProgressPrinter {
 	fd := int(os.Stderr.Fd())
 	tty := term.IsTerminal(fd)
-	mode := conformance.ProgressLines
+	mode := ProgressLines
 	switch {
 	case quiet:
-		mode = conformance.ProgressQuiet
+		mode = ProgressQuiet
 	case tty:
-		mode = conformance.ProgressLive
+		mode = ProgressLive
 	}
 	color := tty && os.Getenv("NO_COLOR") == "" && os.Getenv("TERM") != "dumb"
-	p := conformance.NewProgressPrinter(os.Stderr, mode, color)
+	p := NewProgressPrinter(os.Stderr, mode, color)
 	if w, _, err := term.GetSize(fd); err == nil && tty {
 		p.Width = w
 	}
@@ -227,7 +228,7 @@ func newProgress(quiet bool) *conformance.ProgressPrinter {
 
 // summaryAfter is w, written once the progress printer has stopped and cleared its
 // live line.
-func summaryAfter(p *conformance.ProgressPrinter, w io.Writer) io.Writer {
+func summaryAfter(p *ProgressPrinter, w io.Writer) io.Writer {
 	return writerFunc(func(b []byte) (int, error) {
 		p.Close()
 		return w.Write(b)
@@ -249,12 +250,12 @@ func rebuildReport(args []string) error {
 		return errors.New("report needs the output directory of a run")
 	}
 	dir := fs.Arg(0)
-	rep, err := conformance.Rebuild(dir)
+	rep, err := record.Rebuild(dir)
 	if err != nil {
 		return err
 	}
 	rep.PrintSummary(os.Stdout)
-	fmt.Printf("\nreport: %s\npage:   %s\n", filepath.Join(dir, conformance.YAMLFile), filepath.Join(dir, conformance.HTMLFile))
+	fmt.Printf("\nreport: %s\npage:   %s\n", filepath.Join(dir, record.YAMLFile), filepath.Join(dir, record.HTMLFile))
 	return nil
 }
 

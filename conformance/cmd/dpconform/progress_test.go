@@ -1,4 +1,4 @@
-package conformance
+package main
 
 import (
 	"bytes"
@@ -6,21 +6,22 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
 )
 
 // events are the progress of one spec that fails, as the runner reports it.
-func progressEvents() []Progress {
+func progressEvents() []conformance.Progress {
 	start := time.Unix(1000, 0)
-	p := Progress{ID: "RESTART-NODEPORT-NEW", Index: 2, Total: 24, Run: 1, Runs: 1, Started: start}
-	var out []Progress
-	for _, ph := range []Phase{PhaseTopology, PhaseStart, PhaseWorkloads, PhaseSteadyState, PhaseTransition, PhaseSettle, PhaseChecks, PhaseCleanup} {
+	p := conformance.Progress{ID: "RESTART-NODEPORT-NEW", Index: 2, Total: 24, Run: 1, Runs: 1, Started: start}
+	var out []conformance.Progress
+	for _, ph := range []conformance.Phase{conformance.PhaseTopology, conformance.PhaseStart, conformance.PhaseWorkloads, conformance.PhaseSteadyState, conformance.PhaseTransition, conformance.PhaseSettle, conformance.PhaseChecks, conformance.PhaseCleanup} {
 		q := p
 		q.Phase = ph
 		out = append(out, q)
 	}
-	res := Result{ID: p.ID, Result: Failed, Reason: "no failed new connection: reset", Duration: 13 * time.Second,
-		Checks:  []CheckResult{{Name: "no failed new connection", Kind: matchers.KindReset}},
+	res := conformance.Result{ID: p.ID, Result: conformance.Failed, Reason: "no failed new connection: reset", Duration: 13 * time.Second,
+		Checks:  []conformance.CheckResult{{Name: "no failed new connection", Kind: matchers.KindReset}},
 		Message: "check no failed new connection:\nExpected no failed connection attempt\nFirst violation: ..."}
 	done := p
 	done.Result, done.Final = &res, true

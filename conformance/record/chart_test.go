@@ -1,10 +1,11 @@
-package conformance
+package record
 
 import (
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
@@ -16,8 +17,8 @@ const ms = monotime.Time(time.Millisecond)
 // A scenario of every lane kind: a stream probe whose stream 2 is reset after a gap,
 // a UDP probe with answers and a run of unanswered datagrams, a server, and a node's
 // policy verdicts; two failed checks mark a gap (a span) and deny verdicts.
-func chartScenario() (TimelineRecord, ScenarioRecord, []chartCheck) {
-	tr := TimelineRecord{Format: dataFormat, ID: "X", Run: 1}
+func chartScenario() (conformance.TimelineRecord, conformance.ScenarioRecord, []chartCheck) {
+	tr := conformance.TimelineRecord{Format: conformance.DataFormat, ID: "X", Run: 1}
 	add := func(e probe.Event) { tr.Events = append(tr.Events, e) }
 	for s := 1; s <= 2; s++ {
 		add(probe.Event{Time: 100 * ms, Kind: probe.KindOpen, Probe: "st", Stream: s, Outcome: probe.OK, Target: "10.96.0.1:80"})
@@ -42,7 +43,7 @@ func chartScenario() (TimelineRecord, ScenarioRecord, []chartCheck) {
 	}
 	tr.Transitions = []timeline.Transition{{Time: 1000 * ms, Name: "stop-sent", Detail: "node-a"}, {Time: 1010 * ms, Name: "exited", Detail: "node-a"},
 		{Time: 1020 * ms, Name: "start-sent", Detail: "node-a"}, {Time: 1900 * ms, Name: "ready", Detail: "node-a"}}
-	sc := ScenarioRecord{From: 50 * ms, SteadyStart: 60 * ms, SteadyEnd: 900 * ms, Start: 100 * ms, End: 4000 * ms}
+	sc := conformance.ScenarioRecord{From: 50 * ms, SteadyStart: 60 * ms, SteadyEnd: 900 * ms, Start: 100 * ms, End: 4000 * ms}
 	checks := []chartCheck{
 		{Num: 1, Name: "gaps within budget", Kind: matchers.KindGap, At: 2000 * ms, Total: 1,
 			Marks: []matchers.Mark{{Probe: "st", Stream: 2, Time: 2000 * ms, End: 4000 * ms, Kind: matchers.KindGap}}},
@@ -117,7 +118,7 @@ func TestChartOfEveryLaneKind(t *testing.T) {
 // checked it is a failure mark where it was opened; one that held adds nothing to the
 // attempts that already counted it ok.
 func TestChartOfHeldConnections(t *testing.T) {
-	tr := TimelineRecord{Format: dataFormat, ID: "X", Run: 1}
+	tr := conformance.TimelineRecord{Format: conformance.DataFormat, ID: "X", Run: 1}
 	for seq := uint64(1); seq <= 100; seq++ {
 		at := monotime.Time(100+seq*10) * ms
 		tr.Events = append(tr.Events,
@@ -128,7 +129,7 @@ func TestChartOfHeldConnections(t *testing.T) {
 		}
 		tr.Events = append(tr.Events, held)
 	}
-	sc := ScenarioRecord{From: 50 * ms, SteadyStart: 60 * ms, SteadyEnd: 500 * ms, Start: 100 * ms, End: 3000 * ms}
+	sc := conformance.ScenarioRecord{From: 50 * ms, SteadyStart: 60 * ms, SteadyEnd: 500 * ms, Start: 100 * ms, End: 3000 * ms}
 	cv := buildChart("X-s1", "overview", "t", &tr, sc, nil, sc.From, sc.End)
 	if len(cv.Lanes) != 1 || cv.Lanes[0].Role != roleConnect {
 		t.Fatalf("lanes %+v, want one connect lane", cv.Lanes)

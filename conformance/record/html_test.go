@@ -1,4 +1,4 @@
-package conformance
+package record
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 
 	"golang.org/x/net/html"
 
+	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/conformance/report"
 	"github.com/dpconform/dpconform/fv/matchers"
 )
@@ -77,7 +78,7 @@ func TestPageOfARecordedFailure(t *testing.T) {
 	if want, _ := os.ReadFile(fresh); !bytes.Equal(yaml, want) {
 		t.Error("report.yaml rebuilt from run.json differs from the report of the same record")
 	}
-	if s := rep.Profiles[0].Specs[5]; s.ID != "RESTART-NODEPORT-NEW" || s.Result != Failed || s.Timeline != "timelines/RESTART-NODEPORT-NEW.json.gz" {
+	if s := rep.Profiles[0].Specs[5]; s.ID != "RESTART-NODEPORT-NEW" || s.Result != conformance.Failed || s.Timeline != "timelines/RESTART-NODEPORT-NEW.json.gz" {
 		t.Fatalf("the recorded run's report: %+v", s)
 	}
 
@@ -256,17 +257,17 @@ func sumN(ns []*html.Node) float64 {
 // A repeated spec's section lists its runs and the spread of its figures.
 func TestPageOfARepeatedSpec(t *testing.T) {
 	zero := 0.0
-	fig := func(v float64) []CheckResult {
-		return []CheckResult{{Name: "no failed attempt", Passed: v == 0, Kind: "reset",
+	fig := func(v float64) []conformance.CheckResult {
+		return []conformance.CheckResult{{Name: "no failed attempt", Passed: v == 0, Kind: "reset",
 			Figures: []matchers.Figure{{Name: "failed_attempts", Value: v, Unit: "attempts", Budget: &zero}}}}
 	}
-	runs := []Result{
-		{ID: "RESTART-NODEPORT-NEW", Profile: Core, Result: Passed, Checks: fig(0), Duration: 12 * time.Second},
-		{ID: "RESTART-NODEPORT-NEW", Profile: Core, Result: Failed, Reason: "no failed attempt: reset", Checks: fig(14), Duration: 13 * time.Second},
-		{ID: "RESTART-NODEPORT-NEW", Profile: Core, Result: Passed, Checks: fig(0), Duration: 12 * time.Second},
+	runs := []conformance.Result{
+		{ID: "RESTART-NODEPORT-NEW", Profile: conformance.Core, Result: conformance.Passed, Checks: fig(0), Duration: 12 * time.Second},
+		{ID: "RESTART-NODEPORT-NEW", Profile: conformance.Core, Result: conformance.Failed, Reason: "no failed attempt: reset", Checks: fig(14), Duration: 13 * time.Second},
+		{ID: "RESTART-NODEPORT-NEW", Profile: conformance.Core, Result: conformance.Passed, Checks: fig(0), Duration: 12 * time.Second},
 	}
-	rec := RunRecord{Format: dataFormat, Implementation: report.Implementation{Name: "x", Profiles: []string{"Core"}}, Topology: "netns",
-		Budgets: DefaultBudgets, Repeat: 3, Claimed: []Profile{Core}, Results: []Result{combine(runs)}}
+	rec := RunRecord{Format: conformance.DataFormat, Implementation: report.Implementation{Name: "x", Profiles: []string{"Core"}}, Topology: "netns",
+		Budgets: conformance.DefaultBudgets, Repeat: 3, Claimed: []conformance.Profile{conformance.Core}, Results: []conformance.Result{conformance.Combine(runs)}}
 	page, err := RenderHTML(rec, t.TempDir())
 	if err != nil {
 		t.Fatal(err)

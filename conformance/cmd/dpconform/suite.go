@@ -1,4 +1,4 @@
-package conformance
+package main
 
 import (
 	"fmt"
@@ -11,13 +11,16 @@ import (
 	"sync"
 	"time"
 
+	"github.com/dpconform/dpconform/conformance"
+
+	"github.com/dpconform/dpconform/conformance/record"
 	"github.com/dpconform/dpconform/conformance/report"
 	"github.com/onsi/ginkgo/v2"
 )
 
 // SuiteOptions configure RunSuite.
 type SuiteOptions struct {
-	Runner *Runner
+	Runner *conformance.Runner
 	// OutputDir receives report.yaml and junit.xml (default: the runner's OutputDir).
 	OutputDir string
 	// Topology names the topology provider in the report.
@@ -36,19 +39,20 @@ type SuiteOptions struct {
 // binary (t is anything with a Fail method), so vendors can run a compiled suite.
 func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 	r := opts.Runner
+	cfg := r.Config()
 	if opts.OutputDir == "" {
-		opts.OutputDir = r.cfg.OutputDir
+		opts.OutputDir = cfg.OutputDir
 	}
 	if opts.Topology == "" {
 		opts.Topology = "netns"
 	}
 	var (
 		mu      sync.Mutex
-		results = map[string]Result{}
+		results = map[string]conformance.Result{}
 	)
 	ginkgo.Describe("dpconform", func() {
-		for _, s := range Specs() {
-			labels := append([]string{string(s.Profile)}, featureStrings(s.Features)...)
+		for _, s := range conformance.Specs() {
+			labels := s.Labels()
 			ginkgo.It(s.ID, ginkgo.Label(labels...), func(ctx ginkgo.SpecContext) {
 				ginkgo.By(s.Description)
 				res := r.Run(ctx, s)
@@ -59,11 +63,11 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 					ginkgo.AddReportEntry(checkEntry(c), ginkgo.ReportEntryVisibilityFailureOrVerbose)
 				}
 				switch res.Result {
-				case Skipped:
+				case conformance.Skipped:
 					ginkgo.Skip(res.Reason)
-				case Errored:
+				case conformance.Errored:
 					ginkgo.Fail("ERROR (not a verdict on the implementation)" + passes(res) + ": " + res.Reason + diagnostics(res))
-				case Failed:
+				case conformance.Failed:
 					msg := "FAILED"
 					if res.Kind != "" {
 						msg += " (" + string(res.Kind) + ")"
@@ -74,17 +78,17 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 					}
 					ginkgo.Fail(msg + diagnostics(res))
 				}
-			}, ginkgo.SpecTimeout(time.Duration(r.cfg.Repeat)*(r.cfg.SpecTimeout+time.Minute)))
+			}, ginkgo.SpecTimeout(time.Duration(cfg.Repeat)*(cfg.SpecTimeout+time.Minute)))
 		}
 	})
 	ginkgo.ReportAfterSuite("dpconform report", func(ginkgo.Report) {
 		mu.Lock()
 		defer mu.Unlock()
-		var all []Result
-		for _, s := range Specs() {
+		var all []conformance.Result
+		for _, s := range conformance.Specs() {
 			res, ok := results[s.ID]
 			if !ok {
-				res = Result{ID: s.ID, Profile: s.Profile, Description: s.Description, Result: Skipped, Reason: "not selected (focus or label filter)"}
+				res = conformance.Result{ID: s.ID, Profile: s.Profile, Description: s.Description, Result: conformance.Skipped, Reason: "not selected (focus or label filter)"}
 				if ok, why, optional := r.Selected(s); !ok {
 					res.Reason, res.Optional = why, optional
 				}
@@ -93,7 +97,7 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 		}
 		// report.yaml and report.html are made from the run data saved here, as
 		// `dpconform report DIR` makes them again from a saved run.
-		rep, err := NewRunRecord(r, opts.Topology, all, time.Now()).WriteReports(opts.OutputDir)
+		rep, err := record.NewRunRecord(r, opts.Topology, all, time.Now()).WriteReports(opts.OutputDir)
 		if opts.Report != nil {
 			*opts.Report = rep
 		}
@@ -102,8 +106,8 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 		}
 		if opts.Summary != nil {
 			rep.PrintSummary(opts.Summary)
-			fmt.Fprintf(opts.Summary, "\nreport: %s\npage:   %s\njunit:  %s\n", filepath.Join(opts.OutputDir, YAMLFile),
-				filepath.Join(opts.OutputDir, HTMLFile), filepath.Join(opts.OutputDir, "junit.xml"))
+			fmt.Fprintf(opts.Summary, "\nreport: %s\npage:   %s\njunit:  %s\n", filepath.Join(opts.OutputDir, record.YAMLFile),
+				filepath.Join(opts.OutputDir, record.HTMLFile), filepath.Join(opts.OutputDir, "junit.xml"))
 		}
 	})
 	suiteCfg, repCfg := ginkgo.GinkgoConfiguration()
@@ -119,16 +123,16 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 		}
 		suiteCfg.FocusStrings = append(suiteCfg.FocusStrings, focus)
 	}
-	if len(r.cfg.Profiles) > 0 && suiteCfg.LabelFilter == "" {
-		suiteCfg.LabelFilter = strings.Join(profileStrings(r.cfg.Profiles), " || ")
+	if len(cfg.Profiles) > 0 && suiteCfg.LabelFilter == "" {
+		suiteCfg.LabelFilter = strings.Join(profileStrings(cfg.Profiles), " || ")
 	}
 	r.SetTotal(selectedCount(r, opts.Focus))
-	return ginkgo.RunSpecs(t, "dpconform conformance: "+r.info.Name, suiteCfg, repCfg, ginkgo.Labels{"dpconform"})
+	return ginkgo.RunSpecs(t, "dpconform conformance: "+r.Info().Name, suiteCfg, repCfg, ginkgo.Labels{"dpconform"})
 }
 
 // selectedCount is how many specs a run with these focus expressions will run: the
 // "of how many" of its progress.
-func selectedCount(r *Runner, focus []string) int {
+func selectedCount(r *conformance.Runner, focus []string) int {
 	var res []*regexp.Regexp
 	for _, f := range focus {
 		if re, err := regexp.Compile(f); err == nil {
@@ -136,7 +140,7 @@ func selectedCount(r *Runner, focus []string) int {
 		}
 	}
 	n := 0
-	for _, s := range Specs() {
+	for _, s := range conformance.Specs() {
 		if len(res) > 0 && !slices.ContainsFunc(res, func(re *regexp.Regexp) bool { return re.MatchString(s.ID) }) {
 			continue
 		}
@@ -153,7 +157,7 @@ func selectedCount(r *Runner, focus []string) int {
 // the ID, where ^ would not mean the start of the ID.
 func FocusOnIDs(exprs []string) (string, error) {
 	var ids []string
-	for _, s := range Specs() {
+	for _, s := range conformance.Specs() {
 		ids = append(ids, s.ID)
 	}
 	return focusOn(exprs, ids)
@@ -177,20 +181,20 @@ func focusOn(exprs, ids []string) (string, error) {
 	return "(^| )(" + strings.Join(picked, "|") + ")$", nil
 }
 
-func checkEntry(c CheckResult) string {
+func checkEntry(c conformance.CheckResult) string {
 	state := "passed"
 	if !c.Passed {
 		state = "FAILED (" + string(c.Kind) + ")"
 	}
 	var figs []string
 	for _, f := range c.Figures {
-		figs = append(figs, measured(f))
+		figs = append(figs, conformance.FigureText(f))
 	}
 	return fmt.Sprintf("check %q %s: %s", c.Name, state, strings.Join(figs, "; "))
 }
 
 // passes says how many runs of a repeated spec passed, for its failure message.
-func passes(r Result) string {
+func passes(r conformance.Result) string {
 	if len(r.Runs) == 0 {
 		return ""
 	}
@@ -198,14 +202,14 @@ func passes(r Result) string {
 	return fmt.Sprintf(", passed %d of %d runs", k, n)
 }
 
-func diagnostics(r Result) string {
+func diagnostics(r conformance.Result) string {
 	if len(r.Diagnostics) == 0 {
 		return ""
 	}
 	return fmt.Sprintf("\n\ndiagnostics from the driver (%d files, in the output directory): %s", len(r.Diagnostics), strings.Join(r.Diagnostics, ", "))
 }
 
-func profileStrings(ps []Profile) []string {
+func profileStrings(ps []conformance.Profile) []string {
 	out := make([]string, len(ps))
 	for i, p := range ps {
 		out[i] = string(p)

@@ -1,4 +1,4 @@
-package conformance
+package record
 
 import (
 	"bytes"
@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/conformance/report"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/monotime"
@@ -49,9 +50,9 @@ type pageView struct {
 }
 
 type profileView struct {
-	Name    Profile
+	Name    conformance.Profile
 	Claimed bool
-	Result  ResultKind
+	Result  conformance.ResultKind
 	Summary string
 	Specs   []specRow
 	// NotRun are the specs skipped, grouped by why.
@@ -65,7 +66,7 @@ type notRun struct {
 
 type specRow struct {
 	ID     string
-	Result ResultKind
+	Result conformance.ResultKind
 	Passes string
 	Kind   string
 	Detail string
@@ -80,7 +81,7 @@ type budgetView struct {
 
 type specView struct {
 	ID, Profile, Description string
-	Result                   ResultKind
+	Result                   conformance.ResultKind
 	Kind, Reason, Duration   string
 	Passes                   string
 	Open                     bool
@@ -99,14 +100,14 @@ type specView struct {
 // runView is one run of a repeated spec.
 type runView struct {
 	Run                    int
-	Result                 ResultKind
+	Result                 conformance.ResultKind
 	Kind, Duration, Reason string
 }
 
 type checkView struct {
 	Num     int // of a failed check, as its chart marks it; 0 for a passed one
 	Name    string
-	Result  ResultKind
+	Result  conformance.ResultKind
 	Kind    string
 	Window  string
 	Figures []report.FigureReport
@@ -157,17 +158,17 @@ func RenderHTML(rec RunRecord, dir string) ([]byte, error) {
 		name, _, _ := strings.Cut(o, "=")
 		overridden[name] = true
 	}
-	for _, name := range BudgetNames() {
+	for _, name := range conformance.BudgetNames() {
 		pv.Budgets = append(pv.Budgets, budgetView{Name: name, Value: rep.Budgets[name], Overridden: overridden[name]})
 	}
-	byID := map[string]Result{}
+	byID := map[string]conformance.Result{}
 	for _, r := range rec.Results {
 		byID[r.ID] = r
 	}
 	for _, p := range rep.Profiles {
 		prv := profileView{Name: p.Name, Claimed: p.Claimed, Result: p.Result, Summary: p.Summary}
 		for _, s := range p.Specs {
-			if s.Result == Skipped {
+			if s.Result == conformance.Skipped {
 				i := slices.IndexFunc(prv.NotRun, func(n notRun) bool { return n.Reason == s.Reason })
 				if i < 0 {
 					prv.NotRun = append(prv.NotRun, notRun{Reason: s.Reason})
@@ -179,9 +180,9 @@ func RenderHTML(rec RunRecord, dir string) ([]byte, error) {
 			sv := specPage(s, byID[s.ID], dir)
 			row := specRow{ID: s.ID, Result: s.Result, Passes: s.Passes, Kind: sv.Kind, Detail: s.Reason, Link: "#" + s.ID}
 			switch {
-			case s.Result == Passed && len(s.Spread) > 0:
+			case s.Result == conformance.Passed && len(s.Spread) > 0:
 				row.Detail = s.KeySpread()
-			case s.Result == Passed:
+			case s.Result == conformance.Passed:
 				row.Detail = s.KeyFigures()
 			}
 			for _, c := range sv.Checks {
@@ -204,30 +205,30 @@ func RenderHTML(rec RunRecord, dir string) ([]byte, error) {
 
 // specPage is the section of one spec: its checks, runs and the charts of the run
 // its checks are from.
-func specPage(s report.SpecReport, r Result, dir string) specView {
-	sv := specView{ID: s.ID, Profile: string(r.Profile), Description: r.Description, Result: s.Result, Kind: failedKinds(r), Reason: s.Reason,
-		Duration: seconds(r.Duration), Passes: s.Passes, Open: s.Result == Failed || s.Result == Errored, ChecksFromRun: s.ChecksFromRun,
+func specPage(s report.SpecReport, r conformance.Result, dir string) specView {
+	sv := specView{ID: s.ID, Profile: string(r.Profile), Description: r.Description, Result: s.Result, Kind: r.FailedKindsText(), Reason: s.Reason,
+		Duration: seconds(r.Duration), Passes: s.Passes, Open: s.Result == conformance.Failed || s.Result == conformance.Errored, ChecksFromRun: s.ChecksFromRun,
 		Spread: s.Spread, Message: r.Message, Diagnostics: s.Diagnostics, HostSettings: s.HostSettings, Timeline: s.Timeline}
 	for i, run := range r.Runs {
-		sv.Runs = append(sv.Runs, runView{Run: i + 1, Result: run.Result, Kind: failedKinds(run), Duration: seconds(run.Duration), Reason: run.Reason})
+		sv.Runs = append(sv.Runs, runView{Run: i + 1, Result: run.Result, Kind: run.FailedKindsText(), Duration: seconds(run.Duration), Reason: run.Reason})
 	}
 	failed := 0
 	for i, c := range s.Checks {
 		cv := checkView{Name: c.Name, Result: c.Result, Kind: c.Kind, Window: c.Window, Figures: c.Figures}
-		if c.Result != Passed && i < len(r.Checks) {
+		if c.Result != conformance.Passed && i < len(r.Checks) {
 			failed++
 			cv.Num = failed
 		}
 		sv.Checks = append(sv.Checks, cv)
 	}
-	if s.Result == Skipped {
+	if s.Result == conformance.Skipped {
 		return sv
 	}
 	if r.Timeline == "" {
 		sv.ChartNote = "No timeline was saved for this run, so there is no chart."
 		return sv
 	}
-	tr, err := ReadTimeline(filepath.Join(dir, r.Timeline))
+	tr, err := conformance.ReadTimeline(filepath.Join(dir, r.Timeline))
 	if err != nil {
 		sv.ChartNote = "The timeline of this run could not be read, so there is no chart: " + err.Error()
 		return sv
@@ -278,7 +279,7 @@ func specPage(s report.SpecReport, r Result, dir string) specView {
 
 // scenarioWindow is the window the scenario's moments are told relative to: its
 // transition events, none from an earlier scenario.
-func scenarioWindow(tr *TimelineRecord, sc ScenarioRecord) timeline.Window {
+func scenarioWindow(tr *conformance.TimelineRecord, sc conformance.ScenarioRecord) timeline.Window {
 	var trans []timeline.Transition
 	for _, t := range tr.Transitions {
 		if t.Time >= sc.From {
@@ -323,7 +324,7 @@ func breachText(c chartCheck, rel timeline.Window) string {
 
 // scenarioEnd is the end of a scenario's window, or, for one that ended early, the
 // last thing its traffic reported.
-func scenarioEnd(tr *TimelineRecord, sc ScenarioRecord) monotime.Time {
+func scenarioEnd(tr *conformance.TimelineRecord, sc conformance.ScenarioRecord) monotime.Time {
 	if sc.End != 0 {
 		return sc.End
 	}
@@ -349,7 +350,7 @@ func scenarioEnd(tr *TimelineRecord, sc ScenarioRecord) monotime.Time {
 // run of breaches (marks less than 100 ms apart), with the transition event just
 // before it, padded. It is worth a chart of its own only when it is much shorter than
 // the whole.
-func zoomRange(checks []chartCheck, sc ScenarioRecord, x0, x1 monotime.Time, tr *TimelineRecord) (monotime.Time, monotime.Time, bool) {
+func zoomRange(checks []chartCheck, sc conformance.ScenarioRecord, x0, x1 monotime.Time, tr *conformance.TimelineRecord) (monotime.Time, monotime.Time, bool) {
 	var at monotime.Time
 	var c *chartCheck
 	for i := range checks {
@@ -384,3 +385,5 @@ func zoomRange(checks []chartCheck, sc ScenarioRecord, x0, x1 monotime.Time, tr 
 	}
 	return z0, z1, true
 }
+
+func seconds(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }

@@ -1,4 +1,4 @@
-package conformance
+package main
 
 import (
 	"fmt"
@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/dpconform/dpconform/conformance"
 )
 
 // ProgressMode is how a ProgressPrinter shows a run.
@@ -35,8 +37,8 @@ type ProgressPrinter struct {
 	now   func() time.Time
 
 	mu      sync.Mutex
-	cur     *Progress // the run in progress, for the live line
-	drawn   bool      // the live line is on the screen
+	cur     *conformance.Progress // the run in progress, for the live line
+	drawn   bool                  // the live line is on the screen
 	stop    chan struct{}
 	stopped sync.WaitGroup
 }
@@ -84,7 +86,7 @@ func (p *ProgressPrinter) Close() {
 }
 
 // Update is a Config.Progress.
-func (p *ProgressPrinter) Update(ev Progress) {
+func (p *ProgressPrinter) Update(ev conformance.Progress) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if ev.Result == nil {
@@ -100,14 +102,14 @@ func (p *ProgressPrinter) Update(ev Progress) {
 	}
 	if !ev.Final {
 		// One run of a repeated spec.
-		if p.mode != ProgressQuiet || ev.Result.Result != Passed {
+		if p.mode != ProgressQuiet || ev.Result.Result != conformance.Passed {
 			p.println(fmt.Sprintf("%s  run %d of %d: %s", p.place(ev), ev.Run, ev.Runs, p.verdict(*ev.Result)))
 		}
 		return
 	}
 	p.cur = nil
 	p.println(p.resultLine(ev))
-	if r := ev.Result; (r.Result == Failed || r.Result == Errored) && r.Message != "" {
+	if r := ev.Result; (r.Result == conformance.Failed || r.Result == conformance.Errored) && r.Message != "" {
 		p.println(indent(r.Message, "    "))
 	}
 }
@@ -120,7 +122,7 @@ func (p *ProgressPrinter) Logf(format string, args ...any) {
 }
 
 // place is "[3/24] RESTART-NODEPORT-NEW".
-func (p *ProgressPrinter) place(ev Progress) string {
+func (p *ProgressPrinter) place(ev conformance.Progress) string {
 	n := fmt.Sprint(ev.Index)
 	if ev.Total > 0 {
 		n += "/" + fmt.Sprint(ev.Total)
@@ -130,7 +132,7 @@ func (p *ProgressPrinter) place(ev Progress) string {
 
 // status is a run's line while it runs: "[3/24] RESTART-NODEPORT-NEW  run 2/3 ·
 // transition · 12.4 s (all: 2m31s)".
-func (p *ProgressPrinter) status(ev Progress) string {
+func (p *ProgressPrinter) status(ev conformance.Progress) string {
 	s := p.place(ev)
 	if ev.Runs > 1 {
 		s += fmt.Sprintf("  run %d/%d", ev.Run, ev.Runs)
@@ -138,7 +140,7 @@ func (p *ProgressPrinter) status(ev Progress) string {
 	return fmt.Sprintf("%s · %s · %s (all: %s)", s, p.paint(bold, string(ev.Phase)), seconds(p.now().Sub(ev.Started)), p.now().Sub(p.start).Round(time.Second))
 }
 
-func (p *ProgressPrinter) resultLine(ev Progress) string {
+func (p *ProgressPrinter) resultLine(ev conformance.Progress) string {
 	r := *ev.Result
 	s := p.place(ev) + " " + p.verdict(r)
 	if k, n := r.Passes(); len(r.Runs) > 0 {
@@ -146,8 +148,8 @@ func (p *ProgressPrinter) resultLine(ev Progress) string {
 	}
 	s += " in " + seconds(r.Duration)
 	switch {
-	case r.Result == Passed:
-		if f := specReport(r).KeyFigures(); f != "" {
+	case r.Result == conformance.Passed:
+		if f := r.Report().KeyFigures(); f != "" {
 			s += ": " + f
 		}
 	case r.Reason != "":
@@ -156,17 +158,17 @@ func (p *ProgressPrinter) resultLine(ev Progress) string {
 	return s
 }
 
-func (p *ProgressPrinter) verdict(r Result) string {
+func (p *ProgressPrinter) verdict(r conformance.Result) string {
 	switch r.Result {
-	case Passed:
+	case conformance.Passed:
 		return p.paint(green, "✓ passed")
-	case Failed:
+	case conformance.Failed:
 		v := "✗ FAILED"
-		if k := failedKinds(r); k != "" {
+		if k := r.FailedKindsText(); k != "" {
 			v += " (" + k + ")"
 		}
 		return p.paint(red, v)
-	case Errored:
+	case conformance.Errored:
 		return p.paint(magenta, "! ERROR (not a verdict on the implementation)")
 	}
 	return p.paint(yellow, "- "+string(r.Result))
@@ -221,13 +223,6 @@ func (p *ProgressPrinter) redraw() {
 }
 
 // failedKinds are the kinds a spec failed with, for people: "reset, gap".
-func failedKinds(r Result) string {
-	var ks []string
-	for _, k := range r.FailedKinds() {
-		ks = append(ks, string(k))
-	}
-	return strings.Join(ks, ", ")
-}
 
 func seconds(d time.Duration) string { return fmt.Sprintf("%.1f s", d.Seconds()) }
 
