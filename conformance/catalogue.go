@@ -40,6 +40,7 @@ type catalogueProfile struct {
 type catalogueSpec struct {
 	ID, Anchor, Profile, Features, Description string
 	Transition, Traffic, Invariant, Origin     string
+	Design                                     string
 	Budgets, Catches                           string
 }
 
@@ -94,9 +95,10 @@ func WriteCatalogue(w io.Writer) error {
 }
 
 func catalogueEntry(s Spec, defaults map[string]string) catalogueSpec {
-	e := catalogueSpec{ID: s.ID, Anchor: strings.ToLower(s.ID), Profile: string(s.Profile), Description: s.Description,
-		Features: strings.Join(featureStrings(s.Features), ", "), Transition: s.Transition, Traffic: s.Traffic,
-		Invariant: s.Invariant, Origin: s.Origin}
+	b := DefaultBudgets
+	e := catalogueSpec{ID: s.ID, Anchor: strings.ToLower(s.ID), Profile: string(s.Profile), Description: b.Prose(s.Description),
+		Features: strings.Join(featureStrings(s.Features), ", "), Transition: b.Prose(s.Transition), Traffic: b.Prose(s.Traffic),
+		Invariant: b.Prose(s.Invariant), Origin: s.Origin, Design: b.Prose(s.Design)}
 	if e.Features == "" {
 		e.Features = "none beyond the profile's"
 	}
@@ -134,4 +136,22 @@ func budgetText(v string) string {
 		return fmt.Sprintf("%d µs", d/time.Microsecond)
 	}
 	return v
+}
+
+// budgetRef is a budget named in a spec's prose: {switch-max-gap} reads as its value
+// and its name, "1 s (`switch-max-gap`)", so that the catalogue never states a value
+// the budgets no longer hold.
+var budgetRef = regexp.MustCompile(`\{([a-z][a-z0-9-]*)\}`)
+
+// Prose renders the budgets that text names ({name}) with their values in b.
+func (b Budgets) Prose(text string) string {
+	values := b.Values()
+	return budgetRef.ReplaceAllStringFunc(text, func(ref string) string {
+		name := ref[1 : len(ref)-1]
+		v, ok := values[name]
+		if !ok {
+			return ref
+		}
+		return budgetText(v) + " (`" + name + "`)"
+	})
 }

@@ -19,7 +19,7 @@ import (
 // runOnce runs a selected spec once in a world of its own; the driver's diagnostics
 // of a failed run go to the directory diagnostics, under OutputDir.
 func (r *Runner) runOnce(ctx context.Context, s Spec, run, runs int, phase func(Phase)) Result {
-	o := &oneRun{r: r, spec: s, res: Result{ID: s.ID, Profile: s.Profile, Description: s.Description}, clock: newPhaseClock(), progress: phase}
+	o := &oneRun{r: r, spec: s, res: Result{ID: s.ID, Profile: s.Profile, Description: r.cfg.Budgets.Prose(s.Description)}, clock: newPhaseClock(), progress: phase}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.SpecTimeout)
 	defer cancel()
 	defer o.teardown(ctx)

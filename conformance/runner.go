@@ -182,7 +182,7 @@ func (r *Runner) Selected(s Spec) (ok bool, why string, optional bool) {
 // or the environment. A spec that is not selected does not run and is skipped.
 func (r *Runner) Run(ctx context.Context, s Spec) Result {
 	if ok, why, optional := r.Selected(s); !ok {
-		return Result{ID: s.ID, Profile: s.Profile, Description: s.Description, Result: Skipped, Reason: why, Optional: optional}
+		return Result{ID: s.ID, Profile: s.Profile, Description: r.cfg.Budgets.Prose(s.Description), Result: Skipped, Reason: why, Optional: optional}
 	}
 	r.mu.Lock()
 	r.index++

@@ -73,6 +73,10 @@ type Spec struct {
 	// Origin is where the spec comes from: the defect of a real dataplane it guards
 	// against, or the design it holds implementations to.
 	Origin string
+	// Design says why the spec is built as it is, where a reader of its result needs
+	// to know (what it holds on purpose, what it leaves to another spec): prose the
+	// catalogue prints, paragraphs separated by blank lines.
+	Design string
 	// Catches lists the faults of the reference the spec is shown to catch.
 	Catches []FaultCase
 	// Setup is how the world starts (zero: the implementation on every node).

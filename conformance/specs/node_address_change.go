@@ -3,14 +3,9 @@ package specs
 import (
 	"context"
 	"fmt"
-	"slices"
-	"sync"
-	"time"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
-	"github.com/dpconform/dpconform/fv/monotime"
-	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/workloads"
 )
 
@@ -25,10 +20,44 @@ func init() {
 		// Host-IP discovery, which Calico 12192 raced on restart, exercised on its
 		// own: the addresses change while the agent runs.
 		Transition: "node-a's spare address (the netns fabric's .200) is added to its eth0, served, then removed; the external client's neighbour entry for it is pinned to node-a's MAC, as a cached entry keeps it, so packets to it reach node-a throughout",
-		Traffic:    "the external client opens a new TCP connection every 2 ms to node-a's IP:NodePort (backend on node-a and on node-b), and to the spare address's NodePort of a third Service (its own backend on node-a)",
-		Invariant:  "nothing answers on the spare address before it is added (a precondition); it is served, 20 connections in a row, within 1 s of `address-added` (`address-programmed`); nothing answers there from 1 s after `address-removed` to the window's end (`address-programmed` plus `steady-state`); zero failed attempts on the primary address from 1 s before `address-added` to that end",
+		Traffic:    "the external client opens a new TCP connection every {connect-interval} to node-a's IP:NodePort (backend on node-a and on node-b), and to the spare address's NodePort of a third Service (its own backend on node-a)",
+		Invariant:  "nothing answers on the spare address before it is added (a precondition); it is served, {warm-streak} connections in a row, within {address-programmed} of `address-added`; nothing answers there from 1 s after `address-removed` to the window's end (`address-programmed` plus `steady-state`); zero failed attempts on the primary address from 1 s before `address-added` to that end",
 		Budgets:    []string{"address-programmed", "steady-state", "connect-interval", "attempt-timeout"},
 		Origin:     "host IPs read once at start, the defect class next to Calico issue 12192; and a host-address watcher that acts on additions only",
+		Design: "The spare address's probe runs from the start. Before the address is added nothing " +
+			"may answer there (a precondition: the address is free, so that an answer later is " +
+			"node-a's); once it is added, the NodePort must answer, {warm-streak} connections in a " +
+			"row, within {address-programmed}; from `address-programmed` after its removal on, " +
+			"nothing may answer again.\n\n" +
+			"Removal is only observable if packets still reach node-a. A real client that talked " +
+			"to the address goes on sending to node-a's MAC after the address is gone: its " +
+			"neighbour entry stays REACHABLE for base_reachable_time (15-45 s) after its last " +
+			"confirmation, which its own TCP connections keep giving, and is then STALE and " +
+			"probed before it fails. A dataplane that kept the frontend answers those packets. " +
+			"Here the entry is pinned permanent (PinNeighbour, before the traffic starts), so " +
+			"that the check never depends on how far the client's entry has aged: every SYN to " +
+			"the spare address reaches node-a's interface, before the address is added and after " +
+			"it is removed, and only node-a decides whether it is answered. Without the address " +
+			"and a frontend, node-a forwards the SYN back onto the fabric, where no host holds " +
+			"the address (node-a's own ARP for it goes unanswered): nothing answers it.\n\n" +
+			"The spare address is probed with a backend on node-a: whether a frontend exists on " +
+			"an address is the one thing this spec decides, and with a local backend the answer " +
+			"depends on nothing else (node-b, the SNAT of the reply). The remote backend, and the " +
+			"SNAT address a dataplane picks among the host's addresses, are exercised on the " +
+			"primary address, which must not notice the change. The backend is not the fixture's " +
+			"web-local, which the primary address's probe reaches: a dataplane that does not SNAT " +
+			"for a local backend (refdp does not) hands it the client's own source ports, and the " +
+			"client picks its ports per destination address, so a connection to the spare address " +
+			"would now and then arrive with the tuple of one the backend still holds in TIME_WAIT " +
+			"from the primary address, and stall for a SYN retry. That is a client connecting to " +
+			"two frontends of one backend, not this spec's transition. The Service is shown " +
+			"programmed through its ClusterIP from the client pod, whose source address the " +
+			"backend never sees from the probes.\n\n" +
+			"The spec holds NodePorts to every address of the node's interface, as kube-proxy's " +
+			"iptables mode serves them (addrtype LOCAL). An implementation configured to serve " +
+			"them on the Node's primary IP alone fails the first check with a reset, as " +
+			"kube-proxy's nftables mode does by default (nodePortAddresses \"primary\"; " +
+			"docs/kube-proxy.md).",
 		Catches: []conformance.FaultCase{
 			{Fault: "host-ips-read-once", Kinds: []conformance.FailureKind{matchers.KindReset}},
 			{Fault: "host-ip-removals-ignored", Kinds: []conformance.FailureKind{matchers.KindDelivered}},
@@ -49,45 +78,6 @@ const (
 // fixture's local and remote backend: nothing on the primary address may fail) and
 // to the NodePort of a third Service, with a backend of its own on node-a, on the
 // spare address.
-//
-// The spare address's probe runs from the start. Before the address is added nothing
-// may answer there (a precondition: the address is free, so that an answer later is
-// node-a's); once it is added, the NodePort must answer, WarmStreak connections in a
-// row, within address-programmed; from address-programmed after its removal on,
-// nothing may answer again.
-//
-// Removal is only observable if packets still reach node-a. A real client that
-// talked to the address goes on sending to node-a's MAC after the address is gone:
-// its neighbour entry stays REACHABLE for base_reachable_time (15-45 s) after its
-// last confirmation, which its own TCP connections keep giving, and is then STALE
-// and probed before it fails. A dataplane that kept the frontend answers those
-// packets. Here the entry is pinned permanent (PinNeighbour, before the traffic
-// starts), so that the check never depends on how far the client's entry has aged:
-// every SYN to the spare address reaches node-a's interface, before the address is
-// added and after it is removed, and only node-a decides whether it is answered.
-// Without the address and a frontend, node-a forwards the SYN back onto the fabric,
-// where no host holds the address (node-a's own ARP for it goes unanswered): nothing
-// answers it.
-//
-// The spare address is probed with a backend on node-a: whether a frontend exists on
-// an address is the one thing this spec decides, and with a local backend the answer
-// depends on nothing else (node-b, the SNAT of the reply). The remote backend, and
-// the SNAT address a dataplane picks among the host's addresses, are exercised on
-// the primary address, which must not notice the change. The backend is not the
-// fixture's web-local, which the primary address's probe reaches: a dataplane that
-// does not SNAT for a local backend (refdp does not) hands it the client's
-// own source ports, and the client picks its ports per destination address, so a
-// connection to the spare address would now and then arrive with the tuple of one
-// the backend still holds in TIME_WAIT from the primary address, and stall for a
-// SYN retry. That is a client connecting to two frontends of one backend, not this
-// spec's transition. The Service is shown programmed through its ClusterIP from the
-// client pod, whose source address the backend never sees from the probes.
-//
-// The spec holds NodePorts to every address of the node's interface, as kube-proxy's
-// iptables mode serves them (addrtype LOCAL). An implementation configured to serve
-// them on the Node's primary IP alone fails the first check with a reset, as
-// kube-proxy's nftables mode does by default (nodePortAddresses "primary";
-// docs/kube-proxy.md).
 func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 	f, err := workloads.DeployCore(ctx, e.World, e.Warm())
 	if err != nil {
@@ -112,10 +102,10 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 		return err
 	}
 	onSpare := workloads.Flow{Name: "nodeport-added-address", From: ext, Target: svc.NodePortAt(spare), Backend: backend.Name()}
-	served := &streakWatch{probe: onSpare.Name, backends: []string{onSpare.Backend}, want: e.Budgets.WarmStreak, done: make(chan struct{}), results: map[uint64]bool{}}
+	served := conformance.NewStreak(onSpare.Name, e.Budgets.WarmStreak, onSpare.Backend)
 	budget := e.Budgets.AddressProgrammed
 	sc := conformance.Scenario{
-		Traffic: []conformance.Traffic{{From: ext, Probe: e.Connect(onSpare.Name, onSpare.Target), Observe: served.observe}},
+		Traffic: []conformance.Traffic{{From: ext, Probe: e.Connect(onSpare.Name, onSpare.Target), Observe: served.Observe}},
 		Preconditions: []conformance.Check{{
 			Name:    fmt.Sprintf("nothing answers on %s before it is added", onSpare.Target),
 			Matcher: matchers.HaveNoServedAttempts(matchers.Probes(onSpare.Name)),
@@ -125,22 +115,12 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 				if err := f.NodeA.AddAddress(ctx, spare); err != nil {
 					return err
 				}
-				served.arm(e.Record(addressAdded, spare.String()))
+				served.Arm(e.Record(addressAdded, spare.String()))
 				return nil
 			}),
-			conformance.Do("wait until the NodePort answers on "+spare.String(), func(ctx context.Context, _ *conformance.Env) error {
-				// Served or not within the budget, the address goes next: the checks
-				// judge whether it was.
-				t := time.NewTimer(budget)
-				defer t.Stop()
-				select {
-				case <-served.done:
-				case <-t.C:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-				return nil
-			}),
+			// Served or not within the budget, the address goes next: the checks judge
+			// whether it was.
+			served.Await(budget),
 			conformance.Do(fmt.Sprintf("remove %s from %s's %s", spare, f.NodeA.Name(), f.NodeA.Interface()), func(ctx context.Context, e *conformance.Env) error {
 				if err := f.NodeA.RemoveAddress(ctx, spare); err != nil {
 					return err
@@ -159,7 +139,7 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 		// window ends there, the primary address's too).
 		Settle: budget + e.Budgets.SteadyState,
 	}
-	for _, fl := range f.ServiceFlows(e.Topo)[2:] { // nodeport-local, nodeport-remote on node-a's IP
+	for _, fl := range f.Flows(e.Topo, workloads.FlowNodePortLocal, workloads.FlowNodePortRemote) { // on node-a's IP
 		noneFail := func() matchers.Matcher {
 			return matchers.HaveNoFailedAttempts(matchers.Probes(fl.Name), matchers.Backends(fl.Backend))
 		}
@@ -170,62 +150,4 @@ func nodeAddressChange(ctx context.Context, e *conformance.Env) error {
 			Name: "no failed new connection to " + fl.Name + " on node-a's IP while an address comes and goes", Matcher: noneFail()})
 	}
 	return e.Run(ctx, sc)
-}
-
-// streakWatch tells when a probe has made want attempts in a row, in the order they
-// started (their sequence numbers), that started after the moment it is armed and
-// reached one of the backends: the matcher's rule (HaveServedWithin), applied as attempts
-// are reported, which is not the order they started (a timeout is reported a second
-// late).
-type streakWatch struct {
-	probe    string
-	backends []string // the attempt's backend must be one of them
-	want     int
-	done     chan struct{}
-
-	mu      sync.Mutex
-	since   monotime.Time   // zero: not armed
-	results map[uint64]bool // reported and not counted yet: reached the backend
-	next    uint64          // the attempt to count next (0: none seen yet)
-	streak  int
-}
-
-func (w *streakWatch) arm(t monotime.Time) {
-	w.mu.Lock()
-	w.since = t
-	w.mu.Unlock()
-}
-
-func (w *streakWatch) observe(ev probe.Event) {
-	if ev.Kind != probe.KindAttempt || ev.Probe != w.probe {
-		return
-	}
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.since == 0 || ev.Time < w.since || w.streak >= w.want {
-		return
-	}
-	if w.next == 0 {
-		w.next = ev.Seq
-	}
-	if ev.Seq < w.next {
-		return // started before the one counting began: only a later streak counts
-	}
-	w.results[ev.Seq] = ev.Outcome == probe.OK && slices.Contains(w.backends, ev.Backend)
-	for {
-		ok, reported := w.results[w.next]
-		if !reported {
-			return
-		}
-		delete(w.results, w.next)
-		w.next++
-		if !ok {
-			w.streak = 0
-			continue
-		}
-		if w.streak++; w.streak == w.want {
-			close(w.done)
-			return
-		}
-	}
 }

@@ -55,9 +55,9 @@ func init() {
 		Features: policy,
 		Description: "A new pod whose label a same-node server's ingress policy admits is never live before that policy " +
 			"knows it: from its first packet it sends to the server and to a control server with no policy, interleaved " +
-			"every 250 µs, and once one datagram to the control server is delivered, every later one to the server is.",
+			"every {order-interval}, and once one datagram to the control server is delivered, every later one to the server is.",
 		Transition: "five new pods (role=friend) appear one after another on node-a, where server S admits only friends (a default deny and an allow); each sends until 500 ms after it first reaches D, and the next appears then",
-		Traffic:    "from each new pod's first possible packet (its probe starts when CNI has wired it, before its status names its IP), sequence-numbered UDP interleaved every 250 µs (`order-interval`) to S and to a control server D with no policy, on one socket",
+		Traffic:    "from each new pod's first possible packet (its probe starts when CNI has wired it, before its status names its IP), sequence-numbered UDP interleaved every {order-interval} to S and to a control server D with no policy, on one socket",
 		Invariant:  "for each new pod, once one of its datagrams to D is delivered, every later one to S is (no moment where it is live but S's policy does not know it); an existing friend reaches S and a stranger does not, before and throughout",
 		Budgets:    []string{"order-interval", "policy-programmed"},
 		Origin:     "Calico PR 12164: programs for a new workload were attached before the IP sets holding its IP were written, so a peer's policy that selects it denied its first packets",
@@ -71,7 +71,7 @@ func init() {
 		Description: "A new pod whose egress policy refuses a server never reaches it, not even with its first packets: " +
 			"it sends to that server and to an allowed one from its first possible packet, and none to the refused one is delivered.",
 		Transition: "five new pods (role=restricted), whose egress policy allows only D, appear one after another on node-a; each sends until 500 ms after it first reaches D, and the next appears then",
-		Traffic:    "from each new pod's first possible packet, UDP every 250 µs (`order-interval`) to a server X and to D",
+		Traffic:    "from each new pod's first possible packet, UDP every {order-interval} to a server X and to D",
 		Invariant:  "nothing any new pod sends to X is ever delivered, and each goes live (it reaches D)",
 		Budgets:    []string{"order-interval", "policy-programmed"},
 		Origin:     "Calico issue 6241: traffic was redirected to a new workload before its policy programs were attached, an attach gap that fails open",
@@ -83,9 +83,9 @@ func init() {
 		Profile:  conformance.Policy,
 		Features: []conformance.Feature{conformance.FeatureNetworkPolicy, conformance.FeatureTCP},
 		Description: "When the policy that admits a client is replaced in place by one that admits a superset, twelve times " +
-			"over, the client's streams see no reset and no gap over budget, and its new connections, one every 250 µs, all succeed.",
+			"over, the client's streams see no reset and no gap over budget, and its new connections, one every {order-interval}, all succeed.",
 		Transition: "the policy that admits friends to S is updated in place twelve times, 100 ms apart, each time to admit one more role (a superset)",
-		Traffic:    "two long-lived TCP streams and a new TCP connection every 250 µs (`order-interval`) from a friend to S; a stranger's new connections",
+		Traffic:    "two long-lived TCP streams and a new TCP connection every {order-interval} from a friend to S; a stranger's new connections",
 		Invariant:  "no reset, no gap over 200 ms, no failed new connection; the stranger still refused",
 		Budgets:    []string{"order-interval", "stream-max-gap", "attempt-timeout"},
 		Origin:     "an update handled as the removal of the old policy and the addition of the new one, applied as two batches: for one round the selected pods have only their other policies",
@@ -297,12 +297,8 @@ func arrivals(e *conformance.Env, o *orderWorld, role string, to ...topologies.P
 				return fmt.Errorf("%w: no datagram of %s reached D within %s of its pod-added", workloads.ErrNotFlowing, name, e.Budgets.PolicyProgrammed)
 			}
 			e.Record(EventPodLive, name)
-			t := time.NewTimer(newcomerLive)
-			defer t.Stop()
-			select {
-			case <-ctx.Done():
-				return ctx.Err()
-			case <-t.C:
+			if err := conformance.Hold(ctx, newcomerLive); err != nil {
+				return err
 			}
 			if err := e.World.StopProbe(ctx, *proc); err != nil {
 				return fmt.Errorf("%w: stop %s's probe: %w", conformance.ErrEnvironment, name, err)

@@ -16,7 +16,7 @@ func init() {
 		Description: "A new pod whose label a same-node server's ingress policy admits is never reported denied on its way " +
 			"to that server, not even for its first packets (the flow logs of ORDER-NEW-ENDPOINT's transition).",
 		Transition: "as ORDER-NEW-ENDPOINT: five new pods (role=friend) appear one after another on node-a, where server S admits only friends; each sends until 500 ms after it first reaches D, and the next appears then",
-		Traffic:    "sequence-numbered UDP every 250 µs (`order-interval`) from an existing friend and from each new pod (from its first possible packet) to S and to the control server D; a restricted pod's UDP to X, which its egress policy denies",
+		Traffic:    "sequence-numbered UDP every {order-interval} from an existing friend and from each new pod (from its first possible packet) to S and to the control server D; a restricted pod's UDP to X, which its egress policy denies",
 		Invariant:  "the implementation's policy verdicts (the driver's `events`, drained to the timeline) report no deny on any flow to S, from before the first new pod appears to the window's end; each new pod goes live (once it reaches D, it reaches S); preconditions: the friend reaches S, and the restricted pod's flow to X is reported denied (the flow log works)",
 		Budgets:    []string{"order-interval", "policy-programmed"},
 		Origin:     "Calico PR 12164, seen in its flow logs: the new workload's first packets were reported denied by a peer whose IP sets did not hold it yet",

@@ -33,8 +33,8 @@ func init() {
 			"(namespaces x, y, z; pods a, b, c) reaches, or fails to reach, the other on TCP and UDP ports 80 and 81 exactly "+
 			"as a model of the NetworkPolicy API computes from the policies.", len(policyCases)),
 		Transition: "none: a steady state per case; the sets of NetworkPolicies of the cases applied in turn (created, updated in place, deleted)",
-		Traffic:    "from each of nine pods (namespaces x, y, z labelled `ns`; pods a, b, c labelled `pod`, on both nodes), one attempt to every other pod on TCP and UDP 80 and 81: 288 cells, all pods at once, 200 ms per try (`reach-timeout`), UDP up to 2 tries from new sockets",
-		Invariant:  "within 5 s of the policies being written (`policy-programmed`), the observed matrix equals the one the suite's model (fv/netpolmodel) computes from the policies as the API server stores them; with no policy, every cell is reached (a precondition)",
+		Traffic:    "from each of nine pods (namespaces x, y, z labelled `ns`; pods a, b, c labelled `pod`, on both nodes), one attempt to every other pod on TCP and UDP 80 and 81: 288 cells, all pods at once, {reach-timeout} per try, UDP up to 2 tries from new sockets",
+		Invariant:  "within {policy-programmed} of the policies being written, the observed matrix equals the one the suite's model (fv/netpolmodel) computes from the policies as the API server stores them; with no policy, every cell is reached (a precondition)",
 		Budgets:    []string{"policy-programmed", "reach-timeout"},
 		Origin:     "the upstream NetworkPolicy e2e tests and Cyclonus: each case one construct of networking.k8s.io/v1 that real policy compilers have got wrong",
 		Catches: []conformance.FaultCase{

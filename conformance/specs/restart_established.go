@@ -17,7 +17,7 @@ func init() {
 		},
 		Description: "Long-lived TCP streams (pod to pod on one node and across nodes, pod to ClusterIP and outside to NodePort with local and remote backends) survive a graceful restart and a SIGKILL of the node's agent: no reset, no gap over budget, all alive after.",
 		Transition:  "graceful restart, then SIGKILL and start, of node-a's agent (two rounds)",
-		Traffic:     "two long-lived TCP streams each, a message every 5 ms: pod to pod on the same node and across nodes, pod to ClusterIP (local and remote backend), external client to NodePort (local and remote backend)",
+		Traffic:     "two long-lived TCP streams each, a message every {stream-interval}: pod to pod on the same node and across nodes, pod to ClusterIP (local and remote backend), external client to NodePort (local and remote backend)",
 		Invariant:   "in each round: no reset; no gap over 200 ms on any stream; every stream alive (an echo within 500 ms of the window's end) 3 s after `ready`",
 		Budgets:     []string{"stream-interval", "stream-max-gap", "alive-within", "lead", "settle"},
 		Origin:      "state that must outlive the agent kept where a restart loses it: long-lived NATed flows survive a restart only if their conntrack state does (Calico and Cilium pin theirs)",

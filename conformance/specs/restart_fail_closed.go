@@ -14,10 +14,10 @@ func init() {
 		Profile:  conformance.Policy,
 		Features: []conformance.Feature{conformance.FeatureNetworkPolicy, conformance.FeatureTCP, conformance.FeatureUDP},
 		Description: "A flow that policy denies stays denied while the agent restarts gracefully and after SIGKILL: " +
-			"a new TCP connection and a UDP datagram from a new socket every 2 ms, and none delivered from 1 s before the " +
+			"a new TCP connection and a UDP datagram from a new socket every {connect-interval}, and none delivered from {lead} before the " +
 			"stop to 3 s after ready.",
 		Transition: "graceful restart, then SIGKILL and start, of node-a's agent",
-		Traffic:    "from a stranger, whom the policy on S refuses: a new TCP connection and a UDP datagram from a new socket (a new flow each) every 2 ms",
+		Traffic:    "from a stranger, whom the policy on S refuses: a new TCP connection and a UDP datagram from a new socket (a new flow each) every {connect-interval}",
 		Invariant:  "nothing delivered from 1 s before the stop to 3 s after the last `ready`",
 		Budgets:    []string{"connect-interval", "policy-programmed", "lead", "settle"},
 		Origin:     "a restart that re-creates its endpoints instead of adopting them, policy dropped until its first complete round: a dataplane must fail closed while its agent is down or starting",

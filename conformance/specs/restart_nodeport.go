@@ -14,26 +14,25 @@ import (
 // attempt must succeed and reach the right backend, from Lead before the stop to
 // Settle after ready.
 func restartNodePort(crash bool) func(context.Context, *conformance.Env) error {
-	return restartNewConnections(crash, "node-a's NodePort", func(flows []workloads.Flow) []workloads.Flow { return flows[2:] })
+	return restartNewConnections(crash, "node-a's NodePort", workloads.FlowNodePortLocal, workloads.FlowNodePortRemote)
 }
 
 // restartClusterIP is the body of RESTART-CLUSTERIP-NEW and -CRASH: as restartNodePort,
 // from the client pod on node-a to each Service's ClusterIP.
 func restartClusterIP(crash bool) func(context.Context, *conformance.Env) error {
-	return restartNewConnections(crash, "its ClusterIP", func(flows []workloads.Flow) []workloads.Flow { return flows[:2] })
+	return restartNewConnections(crash, "its ClusterIP", workloads.FlowClusterIPLocal, workloads.FlowClusterIPRemote)
 }
 
-// restartNewConnections runs new connections on the Core fixture's service flows that
-// pick chooses (clusterip-local, clusterip-remote, nodeport-local, nodeport-remote)
-// across a restart of node-a's agent.
-func restartNewConnections(crash bool, via string, pick func([]workloads.Flow) []workloads.Flow) func(context.Context, *conformance.Env) error {
+// restartNewConnections runs new connections on the Core fixture's service flows of
+// those names across a restart of node-a's agent.
+func restartNewConnections(crash bool, via string, flows ...string) func(context.Context, *conformance.Env) error {
 	return func(ctx context.Context, e *conformance.Env) error {
 		f, err := workloads.DeployCore(ctx, e.World, e.Warm())
 		if err != nil {
 			return err
 		}
 		sc := conformance.Scenario{Transition: []conformance.Step{restart(f.NodeA, crash)}}
-		for _, fl := range pick(f.ServiceFlows(e.Topo)) {
+		for _, fl := range f.Flows(e.Topo, flows...) {
 			noneFail := func() matchers.Matcher {
 				return matchers.HaveNoFailedAttempts(matchers.Probes(fl.Name), matchers.Backends(fl.Backend))
 			}

@@ -16,7 +16,7 @@ func init() {
 		// Calico 12192: the restarted agent synced services before it knew the host
 		// IPs and erased the NodePort frontends for ~0.5 s; new connections got RSTs.
 		Transition: "graceful restart of node-a's agent: stop, then start",
-		Traffic:    "the external client opens a new TCP connection every 2 ms to node-a's IP:NodePort, for a Service with its backend on node-a and for one with its backend on node-b",
+		Traffic:    "the external client opens a new TCP connection every {connect-interval} to node-a's IP:NodePort, for a Service with its backend on node-a and for one with its backend on node-b",
 		Invariant:  "zero failed attempts (RST, timeout over 1 s, a wrong backend) from 1 s before `stop-sent` to 3 s after `ready`",
 		Budgets:    []string{"connect-interval", "attempt-timeout", "lead", "settle"},
 		Origin:     "Calico issue 12192 (fixed by PR 12667): the restarted agent synced Services before it knew the node's host IPs and erased the NodePort frontends the previous run had left; new connections were refused for some 0.5 s (up to 5 s reported)",

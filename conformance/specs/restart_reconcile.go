@@ -2,12 +2,10 @@ package specs
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
@@ -25,10 +23,31 @@ func init() {
 			"another deleted; from ready on, new connections from a pod on node-a reach only the current backends, " +
 			"the new Service answers, the deleted one answers nothing, and within 1 s of ready none fails.",
 		Transition: "node-a's agent stopped gracefully; while it is down Service s1 loses a backend (taken out by its labels: the pod keeps serving, and records what reaches it) and gains one, Service s2 is created and s3 deleted; the EndpointSlices settle; the agent is started",
-		Traffic:    "a pod on node-a opens a new TCP connection every 2 ms to the ClusterIPs of s1 and s3 (from the steady state on) and of s2 (from its creation)",
-		Invariant:  "from `ready`: nothing of s1's reaches the backend it lost, the backend it gained answers, s2 answers every connection, nothing sent to s3's old ClusterIP is answered or reaches its backend; from 1 s after `ready` (`reconcile-within`) no connection to s1 fails",
+		Traffic:    "a pod on node-a opens a new TCP connection every {connect-interval} to the ClusterIPs of s1 and s3 (from the steady state on) and of s2 (from its creation)",
+		Invariant:  "from `ready`: nothing of s1's reaches the backend it lost, the backend it gained answers, s2 answers every connection, nothing sent to s3's old ClusterIP is answered or reaches its backend; from {reconcile-within} after `ready` no connection to s1 fails",
 		Budgets:    []string{"reconcile-within", "connect-interval", "attempt-timeout", "settle"},
 		Origin:     "ready that means running, not programmed (kube-proxy's own /healthz counts a proxier healthy while it starts), and deletions that follow delete events, which an agent that was not watching never sees (Cilium removes the Services it restored from its maps only once its watchers have synced)",
+		Design: "The backend s1 loses is taken out of the Service by its labels, not deleted: its " +
+			"EndpointSlice entry goes as it would if the pod went, but the pod and its server " +
+			"stay. A dataplane still programmed from before then sends it connections and it " +
+			"answers them under its own name (and records each request), which is evidence no " +
+			"other failure looks like; a deleted pod's address would only time out, as a Service " +
+			"with no frontend does. For the same reason s3's backend stays: a stale frontend of " +
+			"the deleted Service is seen as a request it received. The backend s1 gains, and the " +
+			"one s2 is created with, exist and serve before the stop (proven directly), so that " +
+			"from ready on what they fail to answer is the dataplane's.\n\n" +
+			"From ready ({reconcile-within} after it, for failures on s1):\n" +
+			"- nothing of s1's reaches s1-leaves, and s1-joins answers some;\n" +
+			"- s2 answers every new connection, from s2-backend;\n" +
+			"- nothing of s3's is answered or reaches s3-backend: with no frontend its ClusterIP " +
+			"is an address the node has no route for, and the attempt fails (unreachable or a " +
+			"timeout), whichever; what matters is that nothing arrives;\n" +
+			"- from {reconcile-within} after ready, no new connection to s1 fails at all. The grace " +
+			"is for failures only: a dataplane that switches s1 to its new backends " +
+			"delete-then-add refuses a few (SVC-ENDPOINT-CHURN judges that switch), but it must " +
+			"not send one to a backend the API no longer lists.\n\n" +
+			"Every probe runs from before the agent starts again: s1 and s3 from the steady state " +
+			"on, s2 from its creation.",
 		Catches: []conformance.FaultCase{
 			// Ready while the datapath still holds what it had when the agent stopped:
 			// the removed backend and the deleted Service answer, the new one does not.
@@ -52,30 +71,6 @@ var (
 
 // restartReconcile changes the world while node-a's agent is stopped, then judges
 // node-a's dataplane from the moment it is ready again.
-//
-// The backend s1 loses is taken out of the Service by its labels, not deleted: its
-// EndpointSlice entry goes as it would if the pod went, but the pod and its server
-// stay. A dataplane still programmed from before then sends it connections and it
-// answers them under its own name (and records each request), which is evidence no
-// other failure looks like; a deleted pod's address would only time out, as a
-// Service with no frontend does. For the same reason s3's backend stays: a stale
-// frontend of the deleted Service is seen as a request it received. The backend s1
-// gains, and the one s2 is created with, exist and serve before the stop (proven
-// directly), so that from ready on what they fail to answer is the dataplane's.
-//
-// From ready (Budgets.ReconcileWithin after it, for failures on s1):
-//   - nothing of s1's reaches s1-leaves, and s1-joins answers some;
-//   - s2 answers every new connection, from s2-backend;
-//   - nothing of s3's is answered or reaches s3-backend: with no frontend its
-//     ClusterIP is an address the node has no route for, and the attempt fails
-//     (unreachable or a timeout), whichever; what matters is that nothing arrives;
-//   - from ReconcileWithin after ready, no new connection to s1 fails at all. The
-//     grace is for failures only: a dataplane that switches s1 to its new backends
-//     delete-then-add refuses a few (SVC-ENDPOINT-CHURN judges that switch), but it
-//     must not send one to a backend the API no longer lists.
-//
-// Every probe runs from before the agent starts again: s1 and s3 from the steady
-// state on, s2 from its creation.
 func restartReconcile(ctx context.Context, e *conformance.Env) error {
 	nodes := e.Topo.Nodes()
 	nodeA, nodeB := nodes[0], nodes[1]
@@ -136,8 +131,8 @@ func restartReconcile(ctx context.Context, e *conformance.Env) error {
 		},
 		Transition: []conformance.Step{
 			conformance.Stop(nodeA),
-			relabel(leaves, reconcileOut, backendRemoved),
-			relabel(joins, reconcileS1, backendAdded),
+			conformance.Relabel(leaves, reconcileOut, backendRemoved),
+			conformance.Relabel(joins, reconcileS1, backendAdded),
 			// Created before s3 is deleted, so that s2 cannot be given s3's ClusterIP.
 			conformance.Do("create the Service s2 and probe it", func(ctx context.Context, e *conformance.Env) error {
 				wctx, cancel := context.WithTimeout(ctx, e.Budgets.Programmed)
@@ -151,15 +146,8 @@ func restartReconcile(ctx context.Context, e *conformance.Env) error {
 				return err
 			}),
 			conformance.Delete(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: s3.Namespace, Name: s3.Name}}),
-			conformance.Do("wait until s1's EndpointSlices list s1-stays and s1-joins", func(ctx context.Context, e *conformance.Env) error {
-				wctx, cancel := context.WithTimeout(ctx, e.Budgets.Programmed)
-				defer cancel()
-				if err := topologies.WaitForEndpoints(wctx, e.Topo.Kube(), s1.Namespace, s1.Name, stays, joins); err != nil {
-					return fmt.Errorf("%w: %w", conformance.ErrEnvironment, err)
-				}
-				e.Record(endpointsUpdated, s1.Name)
-				return nil
-			}),
+			conformance.AwaitReadyEndpoints(s1.Name, stays, joins),
+			conformance.Record(endpointsUpdated, s1.Name),
 			conformance.Start(nodeA),
 		},
 		Checks: []conformance.Check{
@@ -174,22 +162,5 @@ func restartReconcile(ctx context.Context, e *conformance.Env) error {
 			{Name: "from ready, nothing sent to the deleted Service s3's ClusterIP is answered or reaches s3-backend",
 				Matcher: matchers.HaveZeroDelivered(matchers.Probes("s3"), fromReady)},
 		},
-	})
-}
-
-// relabel replaces a pod's labels in the API, as a user who takes a pod out of a
-// Service (or puts it in) does, and records event before it.
-func relabel(p topologies.Pod, labels map[string]string, event string) conformance.Step {
-	return conformance.Do(fmt.Sprintf("relabel %s to %v", p.Name(), labels), func(ctx context.Context, e *conformance.Env) error {
-		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
-		if err != nil {
-			return err
-		}
-		e.Record(event, p.Name())
-		// A merge patch replaces the values of the keys it names: the selector's key.
-		if _, err := e.Topo.Kube().CoreV1().Pods(p.Namespace()).Patch(ctx, p.Name(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("relabel pod %s/%s: %w", p.Namespace(), p.Name(), err)
-		}
-		return nil
 	})
 }

@@ -3,7 +3,6 @@ package specs
 import (
 	"context"
 	"fmt"
-	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -23,8 +22,8 @@ func init() {
 		Description: "When a Service gains a backend and loses another, streams to the backend that stays are unaffected, streams to the removed backend end (RST or FIN) instead of hanging silently, " +
 			"and new connections all succeed, reach the added backend and stop reaching the removed one within endpoint-programmed.",
 		Transition: "a Service gains a backend and loses another, as a rollout does: churn-new, proven to serve first, is labelled into the Service (`backend-added`) and listed (`backend-listed`); churn-gone's deletion begins with a grace period (`backend-removed`: terminating, not ready, still serving, as with a preStop hook); once the EndpointSlices list only churn-keep and churn-new as ready (`endpoints-updated`) and 100 new connections in a row have missed churn-gone (at most `endpoint-programmed`), its process stops (`backend-stopped`: its sockets close) and its pod goes",
-		Traffic:    "16 streams from a pod through the ClusterIP, spread over both backends; the same pod opens a new TCP connection every 2 ms to the ClusterIP",
-		Invariant:  "streams to the backend that stays: no reset, no gap over 200 ms, alive at the end; streams to the removed backend end (RST or FIN) within 2 s of `backend-stopped` instead of hanging; zero failed new connections over the whole window, each answered by one of the three; churn-new answers one within 2 s (`endpoint-programmed`) of `backend-listed`; none reaches churn-gone from 2 s after `endpoints-updated`",
+		Traffic:    "16 streams from a pod through the ClusterIP, spread over both backends; the same pod opens a new TCP connection every {connect-interval} to the ClusterIP",
+		Invariant:  "streams to the backend that stays: no reset, no gap over 200 ms, alive at the end; streams to the removed backend end (RST or FIN) within 2 s of `backend-stopped` instead of hanging; zero failed new connections over the whole window, each answered by one of the three; churn-new answers one within {endpoint-programmed} of `backend-listed`; none reaches churn-gone from 2 s after `endpoints-updated`",
 		Budgets:    []string{"stream-max-gap", "alive-within", "end-within", "endpoint-programmed", "connect-interval"},
 		Origin:     "a backend change applied delete-then-add, which empties a Service's backends under its live flows; and load balancers that read an EndpointSlice's addresses and not its ready condition (ovn-kubernetes PR 3240, KEDA http-add-on issue 1344)",
 		Catches: []conformance.FaultCase{
@@ -87,14 +86,14 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 	budget := e.Budgets.EndpointProgrammed
 	// The step that stops churn-gone's server waits until new connections have left it
 	// (or the budget is spent): the checks judge whether they did in time.
-	drained := &streakWatch{probe: churnConnect, backends: []string{keep.Name(), churnNew}, want: drainStreak, done: make(chan struct{}), results: map[uint64]bool{}}
+	drained := conformance.NewStreak(churnConnect, drainStreak, keep.Name(), churnNew)
 	// Every new connection succeeds, answered by a backend the Service lists (or, until
 	// its removal is programmed, still serves: churn-gone).
 	allBackends := matchers.Backends(keep.Name(), gone.Name(), churnNew)
 	return e.Run(ctx, conformance.Scenario{
 		Traffic: []conformance.Traffic{
 			{From: client, Probe: e.Stream("churn", svc.ClusterIPAddr(), churnStreams)},
-			{From: client, Probe: e.Connect(churnConnect, svc.ClusterIPAddr()), Observe: drained.observe},
+			{From: client, Probe: e.Connect(churnConnect, svc.ClusterIPAddr()), Observe: drained.Observe},
 		},
 		Preconditions: []conformance.Check{
 			{Name: "every stream carries echoes before the change", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap)},
@@ -105,10 +104,8 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 		Transition: []conformance.Step{
 			// As a Deployment's rollout does: the new pod serves (its readiness probe
 			// passes) and is listed before the old one's deletion begins.
-			relabel(newcomer, labels, backendAdded),
-			conformance.Do("wait until the EndpointSlices list churn-new", func(ctx context.Context, e *conformance.Env) error {
-				return topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, keep, gone, newcomer)
-			}),
+			conformance.Relabel(newcomer, labels, backendAdded),
+			conformance.AwaitReadyEndpoints(svc.Name, keep, gone, newcomer),
 			conformance.Record(backendListed, churnNew),
 			// As a kubelet does with a pod whose deletion has a grace period (a preStop
 			// hook that waits): the pod is terminating, no longer ready, and serves on
@@ -118,25 +115,9 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 			conformance.Do("begin churn-gone's deletion, with a grace period", func(ctx context.Context, e *conformance.Env) error {
 				return e.Topo.Kube().CoreV1().Pods(gone.Namespace()).Delete(ctx, gone.Name(), metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](30)})
 			}),
-			conformance.Do("wait until the EndpointSlices list churn-keep and churn-new as ready", func(ctx context.Context, e *conformance.Env) error {
-				if err := topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, keep, newcomer); err != nil {
-					return err
-				}
-				drained.arm(e.Record(endpointsUpdated, ""))
-				return nil
-			}),
-			conformance.Do(fmt.Sprintf("wait until %d new connections in a row reach churn-keep or churn-new (at most %s)", drainStreak, budget),
-				func(ctx context.Context, _ *conformance.Env) error {
-					t := time.NewTimer(budget)
-					defer t.Stop()
-					select {
-					case <-drained.done:
-					case <-t.C:
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-					return nil
-				}),
+			conformance.AwaitReadyEndpoints(svc.Name, keep, newcomer),
+			drained.Record(endpointsUpdated, ""),
+			drained.Await(budget),
 			conformance.Record(backendStopped, gone.Name()),
 			conformance.StopServer(goneServer),
 			conformance.RemovePod(gone),

@@ -7,7 +7,6 @@ import (
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/workloads"
-	"github.com/dpconform/dpconform/topologies"
 )
 
 func init() {
@@ -18,8 +17,8 @@ func init() {
 		Description: "When a Service's backend vanishes without closing its connections (its network goes first, no FIN), streams to the backend that stays are unaffected, " +
 			"streams to the vanished one end (the dataplane resets them) instead of hanging silently, and new connections stop going to it.",
 		Transition: "a Service's backend on node-b vanishes without closing its connections (`backend-vanished`): its network goes first (CNI DEL), then its processes are killed, so no FIN or RST leaves it, then its pod object goes; the suite waits until the EndpointSlices' only ready endpoint is the backend that stays (`endpoint-unready`), then until they list no other endpoint, ready or not (`endpoints-updated`: until then the vanished endpoint may be listed as not ready or terminating, whose flows a dataplane rightly leaves to end on their own)",
-		Traffic:    "16 streams from a pod through the ClusterIP, spread over both backends; the same pod opens a new TCP connection every 2 ms to the ClusterIP",
-		Invariant:  "streams to the backend that stays: no reset, no gap over 200 ms, alive at the end; every stream to the vanished backend ends within 2 s (`end-within`) of `endpoints-updated` (only the dataplane can end it: the dataplane resets it, or the client hangs; the client's retransmissions come at least every second, so the reset shows within a second of the dataplane's); zero failed new connections, all answered by the backend that stays, from 2 s (`endpoint-programmed`) after `endpoint-unready`",
+		Traffic:    "16 streams from a pod through the ClusterIP, spread over both backends; the same pod opens a new TCP connection every {connect-interval} to the ClusterIP",
+		Invariant:  "streams to the backend that stays: no reset, no gap over 200 ms, alive at the end; every stream to the vanished backend ends within {end-within} of `endpoints-updated` (only the dataplane can end it: the dataplane resets it, or the client hangs; the client's retransmissions come at least every second, so the reset shows within a second of the dataplane's); zero failed new connections, all answered by the backend that stays, from {endpoint-programmed} after `endpoint-unready`",
 		Budgets:    []string{"stream-max-gap", "alive-within", "end-within", "endpoint-programmed", "connect-interval"},
 		Origin:     "a backend lost with its node or sandbox, which closes nothing: a dataplane that leaves ending its flows to the backend (kube-proxy does, docs/kube-proxy.md) leaves their clients retransmitting into silence",
 		Catches: []conformance.FaultCase{
@@ -66,13 +65,9 @@ func endpointVanish(ctx context.Context, e *conformance.Env) error {
 		Transition: []conformance.Step{
 			conformance.Record(backendVanished, gone.Name()),
 			conformance.VanishPod(gone),
-			conformance.Do("wait until vanish-keep is the only ready endpoint", func(ctx context.Context, e *conformance.Env) error {
-				return topologies.WaitForEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, keep)
-			}),
+			conformance.AwaitReadyEndpoints(svc.Name, keep),
 			conformance.Record(endpointUnready, gone.Name()),
-			conformance.Do("wait until the EndpointSlices list only vanish-keep", func(ctx context.Context, e *conformance.Env) error {
-				return topologies.WaitForListedEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, keep)
-			}),
+			conformance.AwaitListedEndpoints(svc.Name, keep),
 			conformance.Record(endpointsUpdated, ""),
 		},
 		Checks: []conformance.Check{

@@ -21,8 +21,8 @@ func init() {
 		// checking that its flow is over steals a live stream's port (refdp's own
 		// port reuse had two bugs before this spec).
 		Transition: "a minute (`snat-churn`) of short connections through node-a's NodePort to a backend on node-b, a path the dataplane SNATs, churning its SNAT source ports (refdp's 4,536 are all taken within some 5 s and reused from then on)",
-		Traffic:    "8 long-lived TCP streams (a message every 5 ms) and two connect probes (a new connection every 2 ms each) from the external client to node-a's IP:NodePort of the Service whose backend is on node-b",
-		Invariant:  "no stream reset; no gap over 200 ms on any stream; every stream alive at the end; no short connection reset or refused, and at most 1 in 1,000 (`snat-retry-per-mille`) timed out (over 1 s: a SYN that the backend's TIME_WAIT of the port's previous connection held up until its retry), all answered by the backend on node-b; from 1 s before `snat-churn-start` to 3 s after `snat-churn-end`",
+		Traffic:    "8 long-lived TCP streams (a message every {stream-interval}) and two connect probes (a new connection every {connect-interval} each) from the external client to node-a's IP:NodePort of the Service whose backend is on node-b",
+		Invariant:  "no stream reset; no gap over 200 ms on any stream; every stream alive at the end; no short connection reset or refused, and at most {snat-retry-per-mille} in 1,000 timed out (over 1 s: a SYN that the backend's TIME_WAIT of the port's previous connection held up until its retry), all answered by the backend on node-b; from 1 s before `snat-churn-start` to 3 s after `snat-churn-end`",
 		Budgets:    []string{"snat-churn", "snat-retry-per-mille", "stream-max-gap", "alive-within", "connect-interval", "attempt-timeout"},
 		Origin:     "a NAT port allocator that trusts its hash once its range is full, the in-use check (Linux nf_nat's nf_nat_used_tuple) left out of the path that runs only under pressure; refdp's own SNAT reuse had two bugs of this family before (docs/faults.md)",
 		Catches: []conformance.FaultCase{
@@ -60,7 +60,7 @@ func snatPressure(ctx context.Context, e *conformance.Env) error {
 	if err != nil {
 		return err
 	}
-	fl := f.ServiceFlows(e.Topo)[3] // nodeport-remote
+	fl := f.Flows(e.Topo, workloads.FlowNodePortRemote)[0]
 	streams := "stream-" + fl.Name
 	traffic := []conformance.Traffic{{From: fl.From, Probe: e.Stream(streams, fl.Target, pressureStreams)}}
 	var churn []string

@@ -24,8 +24,8 @@ func init() {
 		Description: "A UDP flow on one 5-tuple to a ClusterIP whose only backend is replaced reaches the new backend, " +
 			"and no other, within budget of the EndpointSlice update that lists only the new one.",
 		Transition: "a UDP Service's only backend is replaced: a new backend on node-a added, the old one on node-b removed (its server stops, then its pod goes)",
-		Traffic:    "a pod on node-a sends a datagram every 2 ms on one socket (one 5-tuple, never rebinding) to the ClusterIP; every answer is recorded with the server that sent it and its source address",
-		Invariant:  "before: every datagram answered by the old backend, through the ClusterIP; from 2 s (`udp-repoint`) after the EndpointSlices list only the new backend (the old endpoint gone, not merely terminating), every datagram answered by the new one, through the ClusterIP, and by no other; the longest run without an answer is measured",
+		Traffic:    "a pod on node-a sends a datagram every {connect-interval} on one socket (one 5-tuple, never rebinding) to the ClusterIP; every answer is recorded with the server that sent it and its source address",
+		Invariant:  "before: every datagram answered by the old backend, through the ClusterIP; from {udp-repoint} after the EndpointSlices list only the new backend (the old endpoint gone, not merely terminating), every datagram answered by the new one, through the ClusterIP, and by no other; the longest run without an answer is measured",
 		Budgets:    []string{"udp-repoint", "connect-interval"},
 		Origin:     "Kubernetes issue 59368 (UDP conntrack not removed on endpoint changes), which kube-proxy fixed and fixed again (issue 126130, PR 127318; issue 139628 and PR 141371 for the cases it still missed)",
 		Catches: []conformance.FaultCase{
@@ -82,9 +82,7 @@ func udpEndpointChange(ctx context.Context, e *conformance.Env) error {
 			// Listed at all, not only ready: a dataplane may keep the flows of an
 			// endpoint that is terminating but still serving (kube-proxy does, as for
 			// TCP), and the old one is listed so for a moment after its pod's deletion.
-			conformance.Do("wait until the EndpointSlices list only udp-new", func(ctx context.Context, e *conformance.Env) error {
-				return topologies.WaitForListedEndpoints(ctx, e.Topo.Kube(), "default", svc.Name, newcomer)
-			}),
+			conformance.AwaitListedEndpoints(svc.Name, newcomer),
 			conformance.Record(endpointsUpdated, "udp-new only"),
 		},
 		Checks: []conformance.Check{

@@ -29,7 +29,7 @@ var switchSetup = conformance.Setup{KubeProxy: []int{0}}
 // switchStream is one of the four stream specs: which Core service flow it holds.
 type switchStream struct {
 	id, what string
-	flow     int // index in workloads.Core.ServiceFlows
+	flow     string // the Core fixture's flow (workloads.Flow*)
 	features []conformance.Feature
 	catches  []conformance.FaultCase
 }
@@ -40,15 +40,15 @@ var survive = []conformance.FailureKind{matchers.KindReset, matchers.KindGap, ma
 func init() {
 	flushCT := conformance.FaultCase{Fault: "flush-conntrack-on-takeover", Kinds: survive}
 	for _, s := range []switchStream{
-		{"SWITCH-CLUSTERIP-LOCAL", "a pod to a ClusterIP whose backend is on the same node", 0,
+		{"SWITCH-CLUSTERIP-LOCAL", "a pod to a ClusterIP whose backend is on the same node", workloads.FlowClusterIPLocal,
 			nil, []conformance.FaultCase{flushCT}},
-		{"SWITCH-CLUSTERIP-REMOTE", "a pod to a ClusterIP whose backend is on another node", 1,
+		{"SWITCH-CLUSTERIP-REMOTE", "a pod to a ClusterIP whose backend is on another node", workloads.FlowClusterIPRemote,
 			nil, []conformance.FaultCase{flushCT}},
-		{"SWITCH-NODEPORT-LOCAL", "the external client to the node's NodePort, backend on the node", 2,
+		{"SWITCH-NODEPORT-LOCAL", "the external client to the node's NodePort, backend on the node", workloads.FlowNodePortLocal,
 			nil, []conformance.FaultCase{flushCT}},
 		// Seed 2: it enters and leaves on eth0, so no workload accept covers it, and
 		// once KUBE-FORWARD is gone only a fallthrough accept in FORWARD does.
-		{"SWITCH-NODEPORT-REMOTE", "the external client to the node's NodePort, backend on another node", 3,
+		{"SWITCH-NODEPORT-REMOTE", "the external client to the node's NodePort, backend on another node", workloads.FlowNodePortRemote,
 			[]conformance.Feature{conformance.FeatureNodePortRemoteBackend},
 			[]conformance.FaultCase{{Fault: "no-forward-fallthrough-accept", Kinds: survive}, flushCT}},
 	} {
@@ -58,8 +58,8 @@ func init() {
 			Features:    append([]conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort}, s.features...),
 			Description: "A long-lived TCP stream from " + s.what + ", opened through kube-proxy, survives the node's switch from kube-proxy to the implementation: no reset, no gap over budget, alive after.",
 			Transition:  switchTransition,
-			Traffic:     "two long-lived TCP streams, a message every 5 ms, from " + s.what + ", opened through kube-proxy and proven to run through its DNAT (Linux conntrack) before the switch",
-			Invariant:   "no reset; no gap over 1 s (`switch-max-gap`); alive 5 s after `ready` (`switch-settle`); the rules kube-proxy held before the switch are gone by then",
+			Traffic:     "two long-lived TCP streams, a message every {stream-interval}, from " + s.what + ", opened through kube-proxy and proven to run through its DNAT (Linux conntrack) before the switch",
+			Invariant:   "no reset; no gap over {switch-max-gap}; alive {switch-settle} after `ready`; the rules kube-proxy held before the switch are gone by then",
 			Budgets:     []string{"switch-max-gap", "switch-settle", "stream-interval", "alive-within"},
 			Origin:      "Calico PR 13778 (in 3.33), whose four specs these are: a flow that predates the eBPF dataplane falls through to Linux conntrack, and a NodePort flow to a remote backend, which enters and leaves by the host interface, lost its accept when kube-proxy's KUBE-FORWARD went (only that one failed without the fix)",
 			Catches:     s.catches,
@@ -71,9 +71,9 @@ func init() {
 		ID:          "SWITCH-NEW-CONNECTIONS",
 		Profile:     conformance.ModeSwitch,
 		Features:    []conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort, conformance.FeatureNodePortRemoteBackend},
-		Description: "New TCP connections every 2 ms (outside to the node's NodePorts, a pod to ClusterIPs; local and remote backends) all succeed while the node switches from kube-proxy to the implementation.",
+		Description: "New TCP connections every {connect-interval} (outside to the node's NodePorts, a pod to ClusterIPs; local and remote backends) all succeed while the node switches from kube-proxy to the implementation.",
 		Transition:  switchTransition,
-		Traffic:     "a new TCP connection every 2 ms on each of the four paths: the external client to node-a's NodePort (backend on node-a and on node-b), a pod on node-a to the ClusterIP (backend on node-a and on node-b)",
+		Traffic:     "a new TCP connection every {connect-interval} on each of the four paths: the external client to node-a's NodePort (backend on node-a and on node-b), a pod on node-a to the ClusterIP (backend on node-a and on node-b)",
 		Invariant:   "zero failed attempts from 1 s before `kube-proxy-stop-sent` to 5 s after `ready`; the rules kube-proxy held before the switch are gone by then",
 		Budgets:     []string{"connect-interval", "attempt-timeout", "lead", "switch-settle"},
 		Origin:      "a hand-over done in the wrong order: kube-proxy's rules removed before the implementation's datapath and Services are in place",
@@ -101,13 +101,13 @@ func init() {
 	})
 }
 
-func switchStreamBody(flow int) func(context.Context, *conformance.Env) error {
+func switchStreamBody(flow string) func(context.Context, *conformance.Env) error {
 	return func(ctx context.Context, e *conformance.Env) error {
 		f, err := workloads.DeployCore(ctx, e.World, e.Warm())
 		if err != nil {
 			return err
 		}
-		fl := f.ServiceFlows(e.Topo)[flow]
+		fl := f.Flows(e.Topo, flow)[0]
 		backend := f.Local
 		if fl.Backend == f.Remote.Name() {
 			backend = f.Remote

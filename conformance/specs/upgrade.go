@@ -51,11 +51,12 @@ func upgradeStreams(ctx context.Context, e *conformance.Env) error {
 // establishedFlows are RESTART-ESTABLISHED's: pod to pod on one node and across
 // nodes, the client pod to each ClusterIP, the outside to each NodePort.
 func establishedFlows(f *workloads.Core, e *conformance.Env) []workloads.Flow {
-	svc := f.ServiceFlows(e.Topo)
-	return append(f.DirectFlows(),
-		workloads.Flow{Name: "pod-" + svc[0].Name, From: svc[0].From, Target: svc[0].Target},
-		workloads.Flow{Name: "pod-" + svc[1].Name, From: svc[1].From, Target: svc[1].Target},
-		workloads.Flow{Name: "external-" + svc[2].Name, From: svc[2].From, Target: svc[2].Target},
-		workloads.Flow{Name: "external-" + svc[3].Name, From: svc[3].From, Target: svc[3].Target},
-	)
+	out := f.DirectFlows()
+	for _, fl := range f.Flows(e.Topo, workloads.FlowClusterIPLocal, workloads.FlowClusterIPRemote) {
+		out = append(out, workloads.Flow{Name: "pod-" + fl.Name, From: fl.From, Target: fl.Target})
+	}
+	for _, fl := range f.Flows(e.Topo, workloads.FlowNodePortLocal, workloads.FlowNodePortRemote) {
+		out = append(out, workloads.Flow{Name: "external-" + fl.Name, From: fl.From, Target: fl.Target})
+	}
+	return out
 }

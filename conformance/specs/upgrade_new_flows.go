@@ -15,9 +15,9 @@ func init() {
 		Features: []conformance.Feature{
 			conformance.FeatureClusterIP, conformance.FeatureNodePort, conformance.FeatureNodePortRemoteBackend,
 		},
-		Description: "New TCP connections every 2 ms (a pod to each ClusterIP, the outside to each NodePort; local and remote backends) all succeed across a restart of the node's agent with a conntrack table of another size (ct-size 65536, then 131072), and every connection opened before or during it (up to ready), held open, still answers at the end.",
+		Description: "New TCP connections every {connect-interval} (a pod to each ClusterIP, the outside to each NodePort; local and remote backends) all succeed across a restart of the node's agent with a conntrack table of another size (ct-size 65536, then 131072), and every connection opened before or during it (up to ready), held open, still answers at the end.",
 		Transition:  "graceful restart of node-a's agent from ct-size 65536 to ct-size 131072, connections held until `ready`, then released",
-		Traffic:     "a new TCP connection every 2 ms on each service path: a pod to each ClusterIP, the external client to each NodePort, local and remote backends; each answered connection opened up to `ready` is held open and asked again at the end",
+		Traffic:     "a new TCP connection every {connect-interval} on each service path: a pod to each ClusterIP, the external client to each NodePort, local and remote backends; each answered connection opened up to `ready` is held open and asked again at the end",
 		Invariant:   "zero failed attempts from 1 s before `stop-sent` to 3 s after `ready`, and every held connection answers at the end",
 		Budgets:     []string{"connect-interval", "attempt-timeout", "lead", "settle"},
 		Origin:      "the review of Calico PR 12164 (SPECS.md, item 3): the copy from the old conntrack map must run after the new programs are attached, or what the old programs write in between is lost; new flows in that window make the race real",

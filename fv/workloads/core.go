@@ -3,6 +3,7 @@ package workloads
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/topologies"
@@ -49,14 +50,25 @@ func DeployCore(ctx context.Context, w *harness.World, warm Warm) (*Core, error)
 	return f, nil
 }
 
+// The names of the fixture's flows (Flows): specs take flows by name, not by their
+// place in a list.
+const (
+	FlowClusterIPLocal  = "clusterip-local"    // the client pod to the ClusterIP of the Service whose backend is on node-a
+	FlowClusterIPRemote = "clusterip-remote"   // the client pod to the ClusterIP of the Service whose backend is on node-b
+	FlowNodePortLocal   = "nodeport-local"     // the external client to node-a's NodePort, backend on node-a
+	FlowNodePortRemote  = "nodeport-remote"    // the external client to node-a's NodePort, backend on node-b
+	FlowPodSameNode     = "pod-pod-same-node"  // the client pod to the backend on its node, through no Service
+	FlowPodCrossNode    = "pod-pod-cross-node" // the client pod to the backend across nodes, through no Service
+)
+
 // ServiceFlows are the fixture's four service paths: the client pod to each
 // ClusterIP, and the external client to node-a's NodePort of each Service.
 func (f *Core) ServiceFlows(topo topologies.Topology) []Flow {
 	return []Flow{
-		{"clusterip-local", f.Client, f.SvcLocal.ClusterIPAddr(), f.Local.Name()},
-		{"clusterip-remote", f.Client, f.SvcRemote.ClusterIPAddr(), f.Remote.Name()},
-		{"nodeport-local", topo.External(), f.SvcLocal.NodePortAddr(f.NodeA), f.Local.Name()},
-		{"nodeport-remote", topo.External(), f.SvcRemote.NodePortAddr(f.NodeA), f.Remote.Name()},
+		{FlowClusterIPLocal, f.Client, f.SvcLocal.ClusterIPAddr(), f.Local.Name()},
+		{FlowClusterIPRemote, f.Client, f.SvcRemote.ClusterIPAddr(), f.Remote.Name()},
+		{FlowNodePortLocal, topo.External(), f.SvcLocal.NodePortAddr(f.NodeA), f.Local.Name()},
+		{FlowNodePortRemote, topo.External(), f.SvcRemote.NodePortAddr(f.NodeA), f.Remote.Name()},
 	}
 }
 
@@ -64,7 +76,22 @@ func (f *Core) ServiceFlows(topo topologies.Topology) []Flow {
 // backend on its node and to the one across nodes.
 func (f *Core) DirectFlows() []Flow {
 	return []Flow{
-		{"pod-pod-same-node", f.Client, Direct(f.Local), f.Local.Name()},
-		{"pod-pod-cross-node", f.Client, Direct(f.Remote), f.Remote.Name()},
+		{FlowPodSameNode, f.Client, Direct(f.Local), f.Local.Name()},
+		{FlowPodCrossNode, f.Client, Direct(f.Remote), f.Remote.Name()},
 	}
+}
+
+// Flows returns the fixture's flows of those names, in that order. A name the
+// fixture has no flow of is a spec's bug: Flows panics.
+func (f *Core) Flows(topo topologies.Topology, names ...string) []Flow {
+	all := append(f.ServiceFlows(topo), f.DirectFlows()...)
+	out := make([]Flow, 0, len(names))
+	for _, n := range names {
+		i := slices.IndexFunc(all, func(fl Flow) bool { return fl.Name == n })
+		if i < 0 {
+			panic("workloads: the Core fixture has no flow " + n)
+		}
+		out = append(out, all[i])
+	}
+	return out
 }

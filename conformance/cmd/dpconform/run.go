@@ -282,7 +282,7 @@ func listSpecs() {
 		for _, f := range s.Features {
 			features = append(features, string(f))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Profile, strings.Join(features, ","), strings.Join(faults, ","), s.Description)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", s.ID, s.Profile, strings.Join(features, ","), strings.Join(faults, ","), conformance.DefaultBudgets.Prose(s.Description))
 	}
 	tw.Flush()
 }

@@ -54,7 +54,7 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 		for _, s := range conformance.Specs() {
 			labels := s.Labels()
 			ginkgo.It(s.ID, ginkgo.Label(labels...), func(ctx ginkgo.SpecContext) {
-				ginkgo.By(s.Description)
+				ginkgo.By(cfg.Budgets.Prose(s.Description))
 				res := r.Run(ctx, s)
 				mu.Lock()
 				results[s.ID] = res
@@ -88,7 +88,7 @@ func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
 		for _, s := range conformance.Specs() {
 			res, ok := results[s.ID]
 			if !ok {
-				res = conformance.Result{ID: s.ID, Profile: s.Profile, Description: s.Description, Result: conformance.Skipped, Reason: "not selected (focus or label filter)"}
+				res = conformance.Result{ID: s.ID, Profile: s.Profile, Description: cfg.Budgets.Prose(s.Description), Result: conformance.Skipped, Reason: "not selected (focus or label filter)"}
 				if ok, why, optional := r.Selected(s); !ok {
 					res.Reason, res.Optional = why, optional
 				}

@@ -1,4 +1,4 @@
-package specs
+package conformance
 
 import (
 	"testing"
@@ -7,10 +7,10 @@ import (
 	"github.com/dpconform/dpconform/fv/probe"
 )
 
-// The step that removes the address waits on streakWatch; it must see a streak only
+// A step that waits on a Streak (NODE-ADDRESS-CHANGE's, SVC-ENDPOINT-CHURN's) must see one only
 // where HaveServedWithin will: consecutive attempts in the order they started, all
 // started after the address was added, although they are reported as they end.
-func TestStreakWatch(t *testing.T) {
+func TestStreak(t *testing.T) {
 	const since = monotime.Time(1000)
 	attempt := func(seq uint64, o probe.Outcome) probe.Event {
 		ev := probe.Event{Kind: probe.KindAttempt, Probe: "p", Seq: seq, Time: since + monotime.Time(seq), Outcome: o}
@@ -20,11 +20,11 @@ func TestStreakWatch(t *testing.T) {
 		return ev
 	}
 	run := func(events []probe.Event) (fired bool) {
-		w := &streakWatch{probe: "p", backends: []string{"web"}, want: 3, done: make(chan struct{}), results: map[uint64]bool{}}
-		w.observe(attempt(1, probe.OK)) // before it is armed: ignored
-		w.arm(since)
+		w := NewStreak("p", 3, "web")
+		w.Observe(attempt(1, probe.OK)) // before it is armed: ignored
+		w.Arm(since)
 		for _, ev := range events {
-			w.observe(ev)
+			w.Observe(ev)
 		}
 		select {
 		case <-w.done:
