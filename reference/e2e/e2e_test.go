@@ -21,7 +21,6 @@ import (
 	"github.com/dpconform/dpconform/fv/timeline"
 	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/internal/privileged"
-	"github.com/dpconform/dpconform/reference/faults"
 	"github.com/dpconform/dpconform/topologies"
 	"github.com/dpconform/dpconform/topologies/controlplane"
 	"github.com/dpconform/dpconform/topologies/netns"
@@ -114,109 +113,6 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		Expect(w.StartAll(ctx)).To(Succeed())
 	}, SpecTimeout(2*time.Minute))
 
-	// restartUnderTraffic restarts node-a's agent while new connections and streams
-	// run, and returns the window of the transition.
-	restartUnderTraffic := func(ctx context.Context, crash bool) timeline.Window {
-		GinkgoHelper()
-		w.NewTimeline()
-		for _, t := range append(append([]target{}, targets...), direct...) {
-			_, err := w.StartProbe(ctx, t.from, probe.Stream{Name: "stream-" + t.name, Target: t.addr, Streams: 2})
-			Expect(err).NotTo(HaveOccurred())
-		}
-		for _, t := range targets[2:] {
-			_, err := w.StartProbe(ctx, t.from, probe.Connect{Name: "connect-" + t.name, Target: t.addr})
-			Expect(err).NotTo(HaveOccurred())
-		}
-		time.Sleep(time.Second)
-		if crash {
-			Expect(w.Kill(ctx, nodeA)).To(Succeed())
-		} else {
-			Expect(w.Stop(ctx, nodeA)).To(Succeed())
-		}
-		Expect(w.Start(ctx, nodeA)).To(Succeed())
-		Expect(w.WaitReady(ctx, nodeA)).To(Succeed())
-		time.Sleep(3 * time.Second)
-		Expect(w.StopProbes(ctx)).To(Succeed())
-		win, err := w.Timeline().TransitionWindow(time.Second, 3*time.Second)
-		Expect(err).NotTo(HaveOccurred())
-		return win
-	}
-
-	for _, crash := range []bool{false, true} {
-		how := "a graceful restart"
-		if crash {
-			how = "a crash and start"
-		}
-		It("keeps new connections and established streams through "+how, func(ctx SpecContext) {
-			win := restartUnderTraffic(ctx, crash)
-			Expect(win).To(matchers.HaveNoFailedAttempts())
-			Expect(win).To(matchers.HaveNoResets())
-			Expect(win).To(matchers.HaveStreamGapsWithin(200 * time.Millisecond))
-			Expect(win).To(matchers.BeAliveAtEnd())
-		}, SpecTimeout(2*time.Minute))
-	}
-
-	// replaceUDPBackend runs a UDP flow on one socket from node-a's client to the
-	// ClusterIP of a UDP Service named name while its only backend, on node-b, is
-	// replaced by one on node-a (the old one's server stopped, then its pod deleted),
-	// and returns the window from 0.5 s before the replacement to 2 s after the
-	// EndpointSlices list only the new backend, "udp-new".
-	replaceUDPBackend := func(ctx context.Context, name string) timeline.Window {
-		GinkgoHelper()
-		w.NewTimeline()
-		labels := map[string]string{"app": name}
-		old, oldSrv, err := workloads.AddBackend(ctx, w, name+"-old", topo.Nodes()[1].Name(), labels)
-		Expect(err).NotTo(HaveOccurred())
-		svc, err := workloads.AddUDPService(ctx, w, name, labels, old)
-		Expect(err).NotTo(HaveOccurred())
-		svcs := topo.Kube().CoreV1().Services(svc.Namespace)
-		DeferCleanup(func(ctx SpecContext) { Expect(svcs.Delete(ctx, svc.Name, metav1.DeleteOptions{})).To(Succeed()) }, NodeTimeout(time.Minute))
-		client := direct[0].from
-		Expect(workloads.WaitUDPFlowing(ctx, w, workloads.Flow{Name: name, From: client, Target: svc.ClusterIPAddr(), Backend: old.Name()}, workloads.DefaultWarm)).To(Succeed())
-		_, err = w.StartProbe(ctx, client, probe.UDP{Name: "udp", To: []probe.Destination{{Label: "svc", Addr: svc.ClusterIPAddr()}},
-			Interval: 2 * time.Millisecond, Replies: true, Timeout: time.Second})
-		Expect(err).NotTo(HaveOccurred())
-		time.Sleep(time.Second)
-
-		w.Timeline().Record("backend-added", name+"-new")
-		newer, newSrv, err := workloads.AddBackend(ctx, w, name+"-new", nodeA.Name(), labels)
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(func(ctx SpecContext) {
-			Expect(w.StopProbe(ctx, newSrv)).To(Succeed())
-			Expect(topo.RemovePod(ctx, newer)).To(Succeed())
-		}, NodeTimeout(time.Minute))
-		Expect(w.StopProbe(ctx, oldSrv)).To(Succeed())
-		Expect(topo.RemovePod(ctx, old)).To(Succeed())
-		Expect(topologies.WaitForListedEndpoints(ctx, topo.Kube(), svc.Namespace, svc.Name, newer)).To(Succeed())
-		w.Timeline().Record("endpoints-updated", "")
-		time.Sleep(2 * time.Second)
-		Expect(w.StopProbes(ctx)).To(Succeed())
-		win, err := w.Timeline().SpanWindow(500*time.Millisecond, 2*time.Second)
-		Expect(err).NotTo(HaveOccurred())
-		return win
-	}
-
-	// The agent deletes the conntrack entries of UDP flows to a backend a Service
-	// lost, once the frontend points at the new ones: the flow keeps its 5-tuple and
-	// is answered by the new backend, its blackhole no longer than a round of the
-	// agent after the pod's deletion.
-	It("moves a UDP flow on one 5-tuple to the new backend when its backend is replaced", func(ctx SpecContext) {
-		win := replaceUDPBackend(ctx, "udp-moves")
-		Expect(win).To(matchers.HaveDatagramsAnsweredWithin("endpoints-updated", 100*time.Millisecond, matchers.Probes("udp"), matchers.Backends("udp-moves-new")))
-		// Measured over the whole window: the datagrams lost from the old server's
-		// stop to the move (the delivered ones were answered by one server or the
-		// other).
-		all := matchers.HaveDatagramsAnswered(matchers.Probes("udp"))
-		_, err := all.Match(win)
-		Expect(err).NotTo(HaveOccurred())
-		for _, f := range all.Result().Figures {
-			if f.Name == "longest_unanswered" {
-				AddReportEntry("UDP flow unanswered", f.Text)
-				Expect(f.Value).To(BeNumerically("<", 500), f.Text)
-			}
-		}
-	}, SpecTimeout(2*time.Minute))
-
 	// reached tries each target once from h and returns the labels of those that
 	// answered.
 	reached := func(ctx context.Context, h topologies.Host, ts ...probe.Target) []string {
@@ -303,27 +199,6 @@ var _ = Describe("the reference dataplane", Ordered, ContinueOnFailure, func() {
 		Eventually(func(ctx context.Context) []string { return reached(ctx, client, toLate) }).WithContext(ctx).Should(ConsistOf("late"))
 		Expect(reached(ctx, late, fromLate)).To(ConsistOf("from-late"))
 	}, SpecTimeout(2*time.Minute))
-
-	Context("with a fault", func() {
-		AfterEach(func(ctx SpecContext) {
-			// Back to a clean agent for the next spec.
-			Expect(w.Stop(ctx, nodeA)).To(Succeed())
-			w.Driver = newDriver()
-			Expect(w.Start(ctx, nodeA)).To(Succeed())
-			Expect(w.WaitReady(ctx, nodeA)).To(Succeed())
-		})
-
-		It(faults.KeepUDPConntrackOnBackendRemoval+" leaves a UDP flow on its removed backend", func(ctx SpecContext) {
-			Expect(w.Stop(ctx, nodeA)).To(Succeed())
-			w.Driver = newDriver(faults.KeepUDPConntrackOnBackendRemoval)
-			Expect(w.Start(ctx, nodeA)).To(Succeed())
-			Expect(w.WaitReady(ctx, nodeA)).To(Succeed())
-			win := replaceUDPBackend(ctx, "udp-stays")
-			m := matchers.HaveDatagramsAnsweredWithin("endpoints-updated", time.Second, matchers.Probes("udp"), matchers.Backends("udp-stays-new"))
-			Expect(win).NotTo(m)
-			Expect(m.Result().Figures[0].Value).To(Equal(float64(m.Result().Figures[0].Of)), "every datagram after the deadline lost:\n%s", m.FailureMessage(win))
-		}, SpecTimeout(2*time.Minute))
-	})
 
 	// Policy across transitions: agent restarts, new pods, policy updates.
 	describePolicyTransitions(func() policyWorld { return policyWorld{w, topo, nodeA, direct[0].from} })
