@@ -207,96 +207,126 @@ func (c UDP) ProbeName() string { return c.Name }
 // ProbeName implements Config.
 func (c Reach) ProbeName() string { return c.Name }
 
-type args []string
+// bind registers the role's flags on fs, each bound to a field of the config: the
+// one place a field and its flag are named. parseConfig reads a command line through
+// it, and Args writes one.
+type binder interface {
+	bind(fs *flag.FlagSet)
+}
 
-func (a *args) str(name, v string) {
-	if v != "" {
-		*a = append(*a, "-"+name+"="+v)
-	}
+// repeated is a flag given once per value (-to, -target).
+type repeated interface {
+	values() []string
 }
-func (a *args) dur(name string, v time.Duration) {
-	if v != 0 {
-		*a = append(*a, "-"+name+"="+v.String())
-	}
-}
-func (a *args) num(name string, v int) {
-	if v != 0 {
-		*a = append(*a, "-"+name+"="+strconv.Itoa(v))
-	}
-}
-func (a *args) flag(name string, v bool) {
-	if v {
-		*a = append(*a, "-"+name)
-	}
+
+// argsOf is the command line that parses back into the values fill gives b: a flag
+// for each field that is not zero, a repeated flag once per value. (Binding a flag
+// sets its field to the flag's default, so b is filled after it is bound.)
+func argsOf(b binder, fill func()) []string {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	b.bind(fs)
+	fill()
+	var out []string
+	fs.VisitAll(func(f *flag.Flag) {
+		if r, ok := f.Value.(repeated); ok {
+			for _, v := range r.values() {
+				out = append(out, "-"+f.Name+"="+v)
+			}
+			return
+		}
+		v := f.Value.String()
+		switch {
+		case v == f.DefValue:
+		case v == "true":
+			out = append(out, "-"+f.Name)
+		default:
+			out = append(out, "-"+f.Name+"="+v)
+		}
+	})
+	return out
 }
 
 // Args implements Config.
 func (c Serve) Args() []string {
-	var a args
-	a.str("name", c.Name)
-	a.str("address", c.Address)
-	a.str("tcp", joinPorts(c.TCP))
-	a.str("udp", joinPorts(c.UDP))
-	a.flag("record-tcp", c.RecordTCP)
-	a.dur("report", c.Report)
-	return a
+	var b Serve
+	return argsOf(&b, func() { b = c })
 }
 
 // Args implements Config.
 func (c Connect) Args() []string {
-	var a args
-	a.str("name", c.Name)
-	a.str("target", c.Target)
-	a.str("label", c.Label)
-	a.dur("interval", c.Interval)
-	a.dur("timeout", c.Timeout)
-	a.num("max-inflight", c.MaxInFlight)
-	a.num("count", c.Count)
-	a.flag("hold", c.Hold)
-	a.dur("report", c.Report)
-	return a
+	var b Connect
+	return argsOf(&b, func() { b = c })
 }
 
 // Args implements Config.
 func (c Stream) Args() []string {
-	var a args
-	a.str("name", c.Name)
-	a.str("target", c.Target)
-	a.str("label", c.Label)
-	a.num("streams", c.Streams)
-	a.dur("interval", c.Interval)
-	a.dur("dial-timeout", c.DialTimeout)
-	a.dur("gap-threshold", c.GapThreshold)
-	a.dur("report", c.Report)
-	return a
+	var b Stream
+	return argsOf(&b, func() { b = c })
 }
 
 // Args implements Config.
 func (c UDP) Args() []string {
-	var a args
-	a.str("name", c.Name)
-	for _, d := range c.To {
-		a.str("to", d.String())
-	}
-	a.dur("interval", c.Interval)
-	a.flag("new-socket", c.NewSocket)
-	a.flag("replies", c.Replies)
-	a.dur("timeout", c.Timeout)
-	a.num("count", c.Count)
-	a.dur("report", c.Report)
-	return a
+	var b UDP
+	return argsOf(&b, func() { b = c })
 }
 
 // Args implements Config.
 func (c Reach) Args() []string {
-	var a args
-	a.str("name", c.Name)
-	for _, t := range c.Targets {
-		a.str("target", t.String())
-	}
-	a.dur("timeout", c.Timeout)
-	a.num("tries", c.Tries)
-	return a
+	var b Reach
+	return argsOf(&b, func() { b = c })
+}
+
+// The flags of each role, with zero defaults: a field left zero takes its default
+// (withDefaults), whether it came from a command line or a Go value.
+
+func (c *Serve) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.Name, "name", "", "identity answered to clients (required)")
+	fs.StringVar(&c.Address, "address", "", "IP to listen on (default every address)")
+	fs.Var(portsFlag{&c.TCP}, "tcp", "TCP ports to serve, comma separated")
+	fs.Var(portsFlag{&c.UDP}, "udp", "UDP ports to serve, comma separated")
+	fs.BoolVar(&c.RecordTCP, "record-tcp", false, "report TCP requests as recv events")
+	fs.DurationVar(&c.Report, "report", 0, "watermark period (default "+DefaultReport.String()+")")
+}
+
+func (c *Connect) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.Name, "name", "", "probe name (required)")
+	fs.StringVar(&c.Target, "target", "", "host:port to connect to (required)")
+	fs.StringVar(&c.Label, "label", "", "label carried in requests")
+	fs.DurationVar(&c.Interval, "interval", 0, "interval between attempt starts (default "+DefaultConnectEvery.String()+")")
+	fs.DurationVar(&c.Timeout, "timeout", 0, "timeout of one attempt (default "+DefaultConnectTimeout.String()+")")
+	fs.IntVar(&c.MaxInFlight, "max-inflight", 0, "attempts in flight at most (default timeout/interval+16)")
+	fs.IntVar(&c.Count, "count", 0, "stop after this many attempts (0: until stopped)")
+	fs.BoolVar(&c.Hold, "hold", false, "keep each connection open until the probe stops, then check that it still answers")
+	fs.DurationVar(&c.Report, "report", 0, "watermark period (default "+DefaultReport.String()+")")
+}
+
+func (c *Stream) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.Name, "name", "", "probe name (required)")
+	fs.StringVar(&c.Target, "target", "", "host:port to connect to (required)")
+	fs.StringVar(&c.Label, "label", "", "label carried in requests")
+	fs.IntVar(&c.Streams, "streams", 0, "number of streams (default 1)")
+	fs.DurationVar(&c.Interval, "interval", 0, "interval between messages on a stream (default "+DefaultStreamEvery.String()+")")
+	fs.DurationVar(&c.DialTimeout, "dial-timeout", 0, "timeout to open a stream (default "+DefaultConnectTimeout.String()+")")
+	fs.DurationVar(&c.GapThreshold, "gap-threshold", 0, "report every gap longer than this (default "+DefaultGapThreshold.String()+")")
+	fs.DurationVar(&c.Report, "report", 0, "period of echo summaries and watermarks (default "+DefaultReport.String()+")")
+}
+
+func (c *UDP) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.Name, "name", "", "probe name (required)")
+	fs.Var(destFlag{&c.To}, "to", "destination label=ip:port (repeatable, served round-robin)")
+	fs.DurationVar(&c.Interval, "interval", 0, "interval between datagrams (default "+DefaultUDPEvery.String()+")")
+	fs.BoolVar(&c.NewSocket, "new-socket", false, "a new socket (source port) for every datagram")
+	fs.BoolVar(&c.Replies, "replies", false, "report the answers that come back on the socket")
+	fs.DurationVar(&c.Timeout, "timeout", 0, "with -replies, how long a datagram waits for its answer (default "+DefaultConnectTimeout.String()+")")
+	fs.IntVar(&c.Count, "count", 0, "stop after this many datagrams (0: until stopped)")
+	fs.DurationVar(&c.Report, "report", 0, "watermark period (default "+DefaultReport.String()+")")
+}
+
+func (c *Reach) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.Name, "name", "", "probe name (required)")
+	fs.Var(targetFlag{&c.Targets}, "target", "target proto,ip:port,label (repeatable; the label takes the rest)")
+	fs.DurationVar(&c.Timeout, "timeout", 0, "timeout of one try (default "+DefaultReachTimeout.String()+")")
+	fs.IntVar(&c.Tries, "tries", 0, "tries per UDP target, each from a new socket (default "+strconv.Itoa(DefaultReachTries)+")")
 }
 
 // String renders t as the -target flag takes it: proto,ip:port,label. The label comes
@@ -538,6 +568,14 @@ type destFlag struct{ d *[]Destination }
 
 func (f destFlag) String() string { return "" }
 
+func (f destFlag) values() []string {
+	var out []string
+	for _, d := range *f.d {
+		out = append(out, d.String())
+	}
+	return out
+}
+
 func (f destFlag) Set(s string) error {
 	d := Destination{Addr: s}
 	if label, addr, ok := strings.Cut(s, "="); ok {
@@ -550,6 +588,14 @@ func (f destFlag) Set(s string) error {
 type targetFlag struct{ t *[]Target }
 
 func (f targetFlag) String() string { return "" }
+
+func (f targetFlag) values() []string {
+	var out []string
+	for _, t := range *f.t {
+		out = append(out, t.String())
+	}
+	return out
+}
 
 func (f targetFlag) Set(s string) error {
 	proto, rest, ok1 := strings.Cut(s, ",")
@@ -565,68 +611,30 @@ func (f targetFlag) Set(s string) error {
 func parseConfig(role Role, argv []string, stderr io.Writer) (Config, error) {
 	fs := flag.NewFlagSet("probe "+string(role), flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var cfg Config
+	var b binder
 	switch role {
 	case RoleServe:
-		c := &Serve{}
-		fs.StringVar(&c.Name, "name", "", "identity answered to clients (required)")
-		fs.StringVar(&c.Address, "address", "", "IP to listen on (default every address)")
-		fs.Var(portsFlag{&c.TCP}, "tcp", "TCP ports to serve, comma separated")
-		fs.Var(portsFlag{&c.UDP}, "udp", "UDP ports to serve, comma separated")
-		fs.BoolVar(&c.RecordTCP, "record-tcp", false, "report TCP requests as recv events")
-		fs.DurationVar(&c.Report, "report", DefaultReport, "watermark period")
-		cfg = c
+		b = &Serve{}
 	case RoleConnect:
-		c := &Connect{}
-		fs.StringVar(&c.Name, "name", "", "probe name (required)")
-		fs.StringVar(&c.Target, "target", "", "host:port to connect to (required)")
-		fs.StringVar(&c.Label, "label", "", "label carried in requests")
-		fs.DurationVar(&c.Interval, "interval", DefaultConnectEvery, "interval between attempt starts")
-		fs.DurationVar(&c.Timeout, "timeout", DefaultConnectTimeout, "timeout of one attempt")
-		fs.IntVar(&c.MaxInFlight, "max-inflight", 0, "attempts in flight at most (default timeout/interval+16)")
-		fs.IntVar(&c.Count, "count", 0, "stop after this many attempts (0: until stopped)")
-		fs.BoolVar(&c.Hold, "hold", false, "keep each connection open until the probe stops, then check that it still answers")
-		fs.DurationVar(&c.Report, "report", DefaultReport, "watermark period")
-		cfg = c
+		b = &Connect{}
 	case RoleStream:
-		c := &Stream{}
-		fs.StringVar(&c.Name, "name", "", "probe name (required)")
-		fs.StringVar(&c.Target, "target", "", "host:port to connect to (required)")
-		fs.StringVar(&c.Label, "label", "", "label carried in requests")
-		fs.IntVar(&c.Streams, "streams", 1, "number of streams")
-		fs.DurationVar(&c.Interval, "interval", DefaultStreamEvery, "interval between messages on a stream")
-		fs.DurationVar(&c.DialTimeout, "dial-timeout", DefaultConnectTimeout, "timeout to open a stream")
-		fs.DurationVar(&c.GapThreshold, "gap-threshold", DefaultGapThreshold, "report every gap longer than this")
-		fs.DurationVar(&c.Report, "report", DefaultReport, "period of echo summaries and watermarks")
-		cfg = c
+		b = &Stream{}
 	case RoleUDP:
-		c := &UDP{}
-		fs.StringVar(&c.Name, "name", "", "probe name (required)")
-		fs.Var(destFlag{&c.To}, "to", "destination label=ip:port (repeatable, served round-robin)")
-		fs.DurationVar(&c.Interval, "interval", DefaultUDPEvery, "interval between datagrams")
-		fs.BoolVar(&c.NewSocket, "new-socket", false, "a new socket (source port) for every datagram")
-		fs.BoolVar(&c.Replies, "replies", false, "report the answers that come back on the socket")
-		fs.DurationVar(&c.Timeout, "timeout", 0, "with -replies, how long a datagram waits for its answer (default 1s)")
-		fs.IntVar(&c.Count, "count", 0, "stop after this many datagrams (0: until stopped)")
-		fs.DurationVar(&c.Report, "report", DefaultReport, "watermark period")
-		cfg = c
+		b = &UDP{}
 	case RoleReach:
-		c := &Reach{}
-		fs.StringVar(&c.Name, "name", "", "probe name (required)")
-		fs.Var(targetFlag{&c.Targets}, "target", "target proto,ip:port,label (repeatable; the label takes the rest)")
-		fs.DurationVar(&c.Timeout, "timeout", DefaultReachTimeout, "timeout of one try")
-		fs.IntVar(&c.Tries, "tries", DefaultReachTries, "tries per UDP target, each from a new socket")
-		cfg = c
+		b = &Reach{}
 	default:
 		return nil, fmt.Errorf("unknown role %q (serve, connect, stream, udp, reach)", role)
 	}
+	b.bind(fs)
 	if err := fs.Parse(argv); err != nil {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
 		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
 	}
-	switch c := cfg.(type) {
+	var cfg Config
+	switch c := b.(type) {
 	case *Serve:
 		cfg = c.withDefaults()
 	case *Connect:
