@@ -64,6 +64,8 @@ import (
 	"sync/atomic"
 
 	"github.com/vishvananda/netlink"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	discoveryv1listers "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/dpconform/dpconform/bpf"
@@ -123,12 +125,12 @@ type Agent struct {
 	hostIdx int
 	hostsOK bool // host IPs known
 
-	svcLister   cacheLister
-	sliceLister cacheLister
-	podLister   cacheLister // every pod of the cluster
-	nsLister    cacheLister
+	svcLister   corev1listers.ServiceLister
+	sliceLister discoveryv1listers.EndpointSliceLister
+	podLister   corev1listers.PodLister // every pod of the cluster
+	nsLister    corev1listers.NamespaceLister
 	policies    *policyView
-	nodeLister  cacheLister
+	nodeLister  corev1listers.NodeLister // this node's own object only
 	synced      []cache.InformerSynced
 
 	attached map[int]endpoint // ifindex -> endpoint, programs and policy attached
@@ -158,12 +160,6 @@ type endpoint struct {
 	ip  netip.Addr
 }
 
-type cacheLister interface{ List() []any }
-
-type indexerLister struct{ cache.Indexer }
-
-func (l indexerLister) List() []any { return l.Indexer.List() }
-
 // Run runs the agent until ctx ends, then leaves the datapath in place and returns.
 func Run(ctx context.Context, cfg Config) error {
 	if cfg.HostInterface == "" {
@@ -192,10 +188,8 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("create pin directory: %w", err)
 	}
 
+	a.logFaults(cfg.Faults)
 	var err error
-	if cfg.Faults.Has(faults.NoCTMigration) {
-		a.log.Warn("fault: a previous conntrack map is dropped, not migrated", "fault", faults.NoCTMigration)
-	}
 	a.dp, err = bpf.Open(cfg.PinDir, bpf.Options{
 		ConntrackSize:        cfg.ConntrackSize,
 		ConntrackFormat:      cfg.ConntrackFormat,
@@ -210,12 +204,6 @@ func Run(ctx context.Context, cfg Config) error {
 	// the datapath.
 	defer a.dp.Close()
 	a.status.conntrack = a.dp.Conntrack().Name() + " (" + a.dp.ConntrackFormat().String() + ")"
-	if cfg.Faults.Has(faults.CTCopyBeforeAttach) {
-		a.log.Warn("fault: the previous conntrack map is copied before the programs are attached", "fault", faults.CTCopyBeforeAttach, "order", fmt.Sprint(startOrder(cfg.Faults)))
-	}
-	if cfg.Faults.Has(faults.SNATPortUnchecked) {
-		a.log.Warn("fault: the datapath's SNAT port pick is defective", "fault", faults.SNATPortUnchecked, "what", faults.Describe(faults.SNATPortUnchecked))
-	}
 	a.syncer, err = services.NewSyncer(a.dp.Frontends(), a.dp.Backends(), services.SyncerOptions{
 		RebuildBackendsInPlace: cfg.Faults.Has(faults.RebuildBackendsInPlace),
 	})
@@ -236,27 +224,13 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Faults.Has(faults.ReadyBeforeFirstApply) {
 		// The pinned datapath is adopted and keeps forwarding: taken for programmed,
 		// as if what the pins hold were what the API holds, until the first round.
-		a.log.Warn("fault: ready once the pinned datapath is adopted, before the first complete round", "fault", faults.ReadyBeforeFirstApply)
 		a.ready = true
 		if err := a.status.write(true, "ready (adopted, not yet applied)"); err != nil {
 			return err
 		}
 	}
-	for _, f := range []string{faults.IgnoreIPBlockExcept, faults.NamedPortsUnresolved, faults.EgressIgnoresPorts} {
-		if cfg.Faults.Has(f) {
-			a.log.Warn("fault: the policy compiler is defective", "fault", f, "what", faults.Describe(f))
-		}
-	}
-	for _, f := range []string{faults.AttachBeforeIPSets, faults.RedirectBeforePolicy} {
-		if cfg.Faults.Has(f) {
-			a.log.Warn("fault: a round runs its steps out of order", "fault", f, "what", faults.Describe(f), "order", fmt.Sprint(roundOrder(cfg.Faults)))
-		}
-	}
-	if cfg.Faults.Has(faults.DeleteThenAddPolicy) {
-		a.log.Warn("fault: a NetworkPolicy update is applied as a delete, then an add a round later", "fault", faults.DeleteThenAddPolicy)
-	}
 	if cfg.Faults.Has(faults.FlushNATOnStart) {
-		a.log.Warn("fault: flushing NAT maps on start", "fault", faults.FlushNATOnStart)
+		a.log.Warn("fault: flushing NAT maps", "fault", faults.FlushNATOnStart)
 		if err := a.syncer.Flush(); err != nil {
 			return err
 		}
@@ -274,7 +248,7 @@ func Run(ctx context.Context, cfg Config) error {
 	if cfg.Faults.Has(faults.CleanupBeforeAttach) {
 		// Out of order: until the programs are attached and the services written, a
 		// new connection finds neither kube-proxy's NAT nor the datapath's.
-		a.log.Warn("fault: removing kube-proxy's rules before attaching programs and writing services", "fault", faults.CleanupBeforeAttach)
+		a.log.Warn("fault: removing kube-proxy's rules now", "fault", faults.CleanupBeforeAttach)
 		if err := a.takeOver(ctx); err != nil {
 			a.log.Error("take over from kube-proxy", "err", err)
 		}
@@ -316,4 +290,20 @@ func Run(ctx context.Context, cfg Config) error {
 		a.status.write(false, "waiting for the datastore and host IPs")
 	}
 	return a.loop(ctx)
+}
+
+// logFaults logs each fault the agent runs with, once, at its start: what it breaks,
+// and where it reorders the agent's steps, the order it runs them in. What a fault
+// then does is logged where it does it.
+func (a *Agent) logFaults(fs faults.Set) {
+	for _, f := range fs.Names() {
+		args := []any{"fault", f, "what", faults.Describe(f)}
+		switch f {
+		case faults.CTCopyBeforeAttach:
+			args = append(args, "order", fmt.Sprint(startOrder(fs)))
+		case faults.AttachBeforeIPSets, faults.RedirectBeforePolicy:
+			args = append(args, "order", fmt.Sprint(roundOrder(fs)))
+		}
+		a.log.Warn("fault active", args...)
+	}
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/dpconform/dpconform/bpf"
@@ -67,7 +68,8 @@ func (a *Agent) informersSynced() bool {
 			return false
 		}
 	}
-	return len(a.nodeLister.List()) > 0
+	nodes, err := a.nodeLister.List(labels.Everything())
+	return err == nil && len(nodes) > 0
 }
 
 // sync applies one round, steps 2 to 9 of the order in the package comment. A step
@@ -205,8 +207,8 @@ func (a *Agent) reattachFromScratch() error {
 // host-side interface, found by the route to the pod's IP.
 func (a *Agent) localEndpoints() map[int]endpoint {
 	want := map[int]endpoint{}
-	for _, o := range a.podLister.List() {
-		p := o.(*corev1.Pod)
+	pods, _ := a.podLister.List(labels.Everything()) // a cache's List never fails
+	for _, p := range pods {
 		if p.Spec.NodeName != a.cfg.Node || p.Status.PodIP == "" || p.Spec.HostNetwork || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
 			continue
 		}
@@ -237,12 +239,9 @@ func (a *Agent) computePolicy(want map[int]endpoint) policy.Desired {
 		in.Endpoints[ep.pod] = ifindex
 	}
 	in.Policies = a.policies.snapshot()
-	for _, o := range a.podLister.List() {
-		in.Pods = append(in.Pods, o.(*corev1.Pod))
-	}
-	for _, o := range a.nsLister.List() {
-		in.Namespaces = append(in.Namespaces, o.(*corev1.Namespace))
-	}
+	// A cache's List never fails.
+	in.Pods, _ = a.podLister.List(labels.Everything())
+	in.Namespaces, _ = a.nsLister.List(labels.Everything())
 	d, err := a.compiler.Compile(in)
 	msg := ""
 	if err != nil {

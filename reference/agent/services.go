@@ -6,24 +6,17 @@ import (
 	"net/netip"
 	"slices"
 
-	corev1 "k8s.io/api/core/v1"
-	discoveryv1 "k8s.io/api/discovery/v1"
-
 	"github.com/dpconform/dpconform/bpf"
 	"github.com/dpconform/dpconform/reference/faults"
 	"github.com/dpconform/dpconform/reference/services"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // syncServices writes service NAT state (step 7).
 func (a *Agent) syncServices(hostIPs []netip.Addr, hostsOK bool) error {
-	var svcs []*corev1.Service
-	for _, o := range a.svcLister.List() {
-		svcs = append(svcs, o.(*corev1.Service))
-	}
-	var epSlices []*discoveryv1.EndpointSlice
-	for _, o := range a.sliceLister.List() {
-		epSlices = append(epSlices, o.(*discoveryv1.EndpointSlice))
-	}
+	// A cache's List never fails.
+	svcs, _ := a.svcLister.List(labels.Everything())
+	epSlices, _ := a.sliceLister.List(labels.Everything())
 	complete := true
 	if a.cfg.Faults.Has(faults.AdoptWithoutReconcile) && !a.servicesChanged.Load() {
 		complete = false

@@ -82,11 +82,11 @@ func (a *Agent) startInformers(ctx context.Context, kube kubernetes.Interface) e
 		return fmt.Errorf("watch network policies: %w", err)
 	}
 	a.synced = append(a.synced, reg.HasSynced)
-	a.svcLister = indexerLister{svc.GetIndexer()}
-	a.sliceLister = indexerLister{slices.GetIndexer()}
-	a.podLister = indexerLister{pods.GetIndexer()}
-	a.nsLister = indexerLister{namespaces.GetIndexer()}
-	a.nodeLister = indexerLister{node.GetIndexer()}
+	a.svcLister = f.Core().V1().Services().Lister()
+	a.sliceLister = f.Discovery().V1().EndpointSlices().Lister()
+	a.podLister = f.Core().V1().Pods().Lister()
+	a.nsLister = f.Core().V1().Namespaces().Lister()
+	a.nodeLister = self.Core().V1().Nodes().Lister()
 	f.Start(ctx.Done())
 	self.Start(ctx.Done())
 	return nil
