@@ -22,6 +22,7 @@ import (
 	"github.com/dpconform/dpconform/conformance/record"
 	"github.com/dpconform/dpconform/conformance/report"
 	_ "github.com/dpconform/dpconform/conformance/specs" // the catalogue
+	"github.com/dpconform/dpconform/conformance/suite"
 	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/topologies"
@@ -58,7 +59,7 @@ func run(args []string) error {
 	if *drv == "" {
 		return errors.New("--driver is required: the path of your implementation's driver executable (see docs/driver.md)")
 	}
-	if _, err := FocusOnIDs(focus); err != nil {
+	if _, err := suite.FocusOnIDs(focus); err != nil {
 		return fmt.Errorf("--focus: %w", err)
 	}
 	if *repeat < 1 {
@@ -137,7 +138,7 @@ func run(args []string) error {
 	// Ginkgo's console reporter would write over the live line. (junit.xml is
 	// Ginkgo's still.)
 	formatter.ColorableStdOut = io.Discard
-	RunSuite(t, SuiteOptions{Runner: r, OutputDir: *output, Summary: summaryAfter(prog, os.Stdout), Focus: focus, Report: &rep, Topology: reportTopology})
+	suite.Run(t, suite.Options{Runner: r, OutputDir: *output, Summary: summaryAfter(prog, os.Stdout), Focus: focus, Report: &rep, Topology: reportTopology})
 	var errs []error
 	if err := rep.Certified(); err != nil {
 		errs = append(errs, err)

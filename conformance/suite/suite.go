@@ -1,4 +1,7 @@
-package main
+// Package suite runs the catalogue as Ginkgo specs: what `dpconform run` does, for a
+// Go implementation that embeds the suite (a conformance.Runner with any
+// driver.Driver, and Run), under `go test` or from its own binary.
+package suite
 
 import (
 	"fmt"
@@ -18,8 +21,8 @@ import (
 	"github.com/onsi/ginkgo/v2"
 )
 
-// SuiteOptions configure RunSuite.
-type SuiteOptions struct {
+// Options configure Run.
+type Options struct {
 	Runner *conformance.Runner
 	// OutputDir receives report.yaml and junit.xml (default: the runner's OutputDir).
 	OutputDir string
@@ -33,11 +36,11 @@ type SuiteOptions struct {
 	Report *report.Report
 }
 
-// RunSuite turns the registry into Ginkgo specs (labelled with their profile and
+// Run turns the registry into Ginkgo specs (labelled with their profile and
 // features), runs them against the runner's implementation, and writes report.yaml
 // and junit.xml. It works under `go test` (t is the *testing.T) and from a plain
 // binary (t is anything with a Fail method), so vendors can run a compiled suite.
-func RunSuite(t ginkgo.GinkgoTestingT, opts SuiteOptions) bool {
+func Run(t ginkgo.GinkgoTestingT, opts Options) bool {
 	r := opts.Runner
 	cfg := r.Config()
 	if opts.OutputDir == "" {
