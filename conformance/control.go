@@ -25,6 +25,7 @@ type control struct {
 	start   monotime.Time
 	server  *probe.Process
 	connect *probe.Process
+	done    bool // finish has stopped the probes
 }
 
 // suiteHost runs processes in the suite's own network namespace.
@@ -55,8 +56,21 @@ func startControl(ctx context.Context, topo topologies.Topology, cfg Config) (*c
 	return c, nil
 }
 
+// kill stops the control flow's probes unless finish did: a run that ended early (a
+// body that panicked) must not leave a probe of the suite's namespace hammering an
+// address the next run's fabric reuses.
+func (c *control) kill(ctx context.Context) {
+	if c.done {
+		return
+	}
+	c.done = true
+	c.connect.Kill(ctx)
+	c.server.Kill(ctx)
+}
+
 func (c *control) finish(ctx context.Context, b Budgets) error {
 	end := monotime.Now()
+	c.done = true
 	errs := []error{c.connect.Stop(ctx), c.server.Stop(ctx)}
 	if err := errors.Join(errs...); err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"time"
@@ -18,11 +19,22 @@ import (
 
 // runOnce runs a selected spec once in a world of its own; the driver's diagnostics
 // of a failed run go to the directory diagnostics, under OutputDir.
-func (r *Runner) runOnce(ctx context.Context, s Spec, run, runs int, phase func(Phase)) Result {
+func (r *Runner) runOnce(ctx context.Context, s Spec, run, runs int, phase func(Phase)) (res Result) {
 	o := &oneRun{r: r, spec: s, res: Result{ID: s.ID, Profile: s.Profile, Description: r.cfg.Budgets.Prose(s.Description)}, clock: newPhaseClock(), progress: phase}
 	ctx, cancel := context.WithTimeout(ctx, r.cfg.SpecTimeout)
 	defer cancel()
-	defer o.teardown(ctx)
+	defer func() {
+		o.teardown(ctx)
+		res = o.res
+	}()
+	// A spec that panics is a defect of the suite, not a verdict: the run errors,
+	// is taken down like any other, and the rest of the catalogue runs on.
+	defer func() {
+		if p := recover(); p != nil {
+			o.res.Result, o.res.Reason = Errored, fmt.Sprintf("the spec panicked, a defect of the suite: %v", p)
+			o.res.Message = string(debug.Stack())
+		}
+	}()
 	o.acquire(ctx, run, runs)
 	return o.res
 }
@@ -113,6 +125,7 @@ func (o *oneRun) acquire(ctx context.Context, run, runs int) {
 		o.errored("environment: control probe: ", err)
 		return
 	}
+	o.then("stop the control flow", func(ctx context.Context) { control.kill(context.WithoutCancel(ctx)) })
 	o.phase(PhaseStart)
 	err = r.setUp(ctx, w, s.Setup)
 	if err == nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -11,7 +12,6 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes"
 
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
@@ -21,34 +21,41 @@ import (
 // The steps here are what specs would otherwise write by hand: waits on the API's
 // EndpointSlices, a pod's relabelling, and a wait for a streak of new connections.
 
-// AwaitReadyEndpoints waits until the EndpointSlices of the Service svc, in the pods'
-// namespace, list exactly pods as ready: the control plane has taken in a change of
-// the Service's backends. It waits at most the budget `programmed`; longer is the
-// environment's failure, not the implementation's.
-func AwaitReadyEndpoints(svc string, pods ...topologies.Pod) Step {
-	return awaitEndpoints(svc, "as ready", topologies.WaitForEndpoints, pods)
+// AwaitReadyEndpoints waits until the EndpointSlices of the Service svc, in the
+// namespace default, list exactly the pods of these names as ready: the control plane
+// has taken in a change of the Service's backends. The pods are looked up when the
+// step runs, so a pod a step before it adds may be one. It waits at most the budget
+// `programmed`; longer is the environment's failure, not the implementation's.
+func AwaitReadyEndpoints(svc string, pods ...string) Step {
+	return awaitEndpoints(svc, "as ready", false, pods)
 }
 
 // AwaitListedEndpoints is AwaitReadyEndpoints for endpoints listed at all, ready,
 // serving or terminating: the EndpointSlices no longer name the others.
-func AwaitListedEndpoints(svc string, pods ...topologies.Pod) Step {
-	return awaitEndpoints(svc, "at all", topologies.WaitForListedEndpoints, pods)
+func AwaitListedEndpoints(svc string, pods ...string) Step {
+	return awaitEndpoints(svc, "at all", true, pods)
 }
 
-func awaitEndpoints(svc, how string, wait func(context.Context, kubernetes.Interface, string, string, ...topologies.Pod) error, pods []topologies.Pod) Step {
-	names := make([]string, len(pods))
-	for i, p := range pods {
-		names[i] = p.Name()
-	}
-	ns := "default"
-	if len(pods) > 0 {
-		ns = pods[0].Namespace()
-	}
-	name := fmt.Sprintf("wait until the EndpointSlices of %s list only %s %s", svc, strings.Join(names, " and "), how)
+func awaitEndpoints(svc, how string, listed bool, pods []string) Step {
+	const ns = "default"
+	name := fmt.Sprintf("wait until the EndpointSlices of %s list only %s %s", svc, strings.Join(pods, " and "), how)
 	return Do(name, func(ctx context.Context, e *Env) error {
 		wctx, cancel := context.WithTimeout(ctx, e.Budgets.Programmed)
 		defer cancel()
-		if err := wait(wctx, e.Topo.Kube(), ns, svc, pods...); err != nil {
+		err := func() error {
+			want := make([]netip.Addr, len(pods))
+			for i, p := range pods {
+				pod, err := e.Topo.Kube().CoreV1().Pods(ns).Get(wctx, p, metav1.GetOptions{})
+				if err != nil {
+					return fmt.Errorf("pod %s/%s: %w", ns, p, err)
+				}
+				if want[i], err = netip.ParseAddr(pod.Status.PodIP); err != nil {
+					return fmt.Errorf("pod %s/%s has no address: %w", ns, p, err)
+				}
+			}
+			return topologies.WaitForEndpointAddrs(wctx, e.Topo.Kube(), ns, svc, listed, want...)
+		}()
+		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}

@@ -80,12 +80,27 @@ func WaitForListedEndpoints(ctx context.Context, kube kubernetes.Interface, name
 	return waitForEndpoints(ctx, kube, namespace, service, "", ListedEndpoints, pods)
 }
 
+// WaitForEndpointAddrs is WaitForEndpoints (listed false) or WaitForListedEndpoints
+// (listed true) for the pods of these addresses.
+func WaitForEndpointAddrs(ctx context.Context, kube kubernetes.Interface, namespace, service string, listed bool, want ...netip.Addr) error {
+	if listed {
+		return waitForAddrs(ctx, kube, namespace, service, "", ListedEndpoints, want)
+	}
+	return waitForAddrs(ctx, kube, namespace, service, "ready", ReadyEndpoints, want)
+}
+
 func waitForEndpoints(ctx context.Context, kube kubernetes.Interface, namespace, service, what string,
 	list func(context.Context, kubernetes.Interface, string, string) ([]netip.Addr, error), pods []Pod) error {
 	want := make([]netip.Addr, len(pods))
 	for i, p := range pods {
 		want[i] = p.IP()
 	}
+	return waitForAddrs(ctx, kube, namespace, service, what, list, want)
+}
+
+func waitForAddrs(ctx context.Context, kube kubernetes.Interface, namespace, service, what string,
+	list func(context.Context, kubernetes.Interface, string, string) ([]netip.Addr, error), want []netip.Addr) error {
+	want = slices.Clone(want)
 	sort.Slice(want, func(i, j int) bool { return want[i].Less(want[j]) })
 	if namespace == "" {
 		namespace = "default"

@@ -146,7 +146,7 @@ func restartReconcile(ctx context.Context, e *conformance.Env) error {
 				return err
 			}),
 			conformance.Delete(&corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: s3.Namespace, Name: s3.Name}}),
-			conformance.AwaitReadyEndpoints(s1.Name, stays, joins),
+			conformance.AwaitReadyEndpoints(s1.Name, stays.Name(), joins.Name()),
 			conformance.Record(endpointsUpdated, s1.Name),
 			conformance.Start(nodeA),
 		},

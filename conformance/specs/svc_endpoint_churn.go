@@ -105,7 +105,7 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 			// As a Deployment's rollout does: the new pod serves (its readiness probe
 			// passes) and is listed before the old one's deletion begins.
 			conformance.Relabel(newcomer, labels, backendAdded),
-			conformance.AwaitReadyEndpoints(svc.Name, keep, gone, newcomer),
+			conformance.AwaitReadyEndpoints(svc.Name, keep.Name(), gone.Name(), churnNew),
 			conformance.Record(backendListed, churnNew),
 			// As a kubelet does with a pod whose deletion has a grace period (a preStop
 			// hook that waits): the pod is terminating, no longer ready, and serves on
@@ -115,7 +115,7 @@ func endpointChurn(ctx context.Context, e *conformance.Env) error {
 			conformance.Do("begin churn-gone's deletion, with a grace period", func(ctx context.Context, e *conformance.Env) error {
 				return e.Topo.Kube().CoreV1().Pods(gone.Namespace()).Delete(ctx, gone.Name(), metav1.DeleteOptions{GracePeriodSeconds: ptr.To[int64](30)})
 			}),
-			conformance.AwaitReadyEndpoints(svc.Name, keep, newcomer),
+			conformance.AwaitReadyEndpoints(svc.Name, keep.Name(), churnNew),
 			drained.Record(endpointsUpdated, ""),
 			drained.Await(budget),
 			conformance.Record(backendStopped, gone.Name()),

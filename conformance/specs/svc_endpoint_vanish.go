@@ -65,9 +65,9 @@ func endpointVanish(ctx context.Context, e *conformance.Env) error {
 		Transition: []conformance.Step{
 			conformance.Record(backendVanished, gone.Name()),
 			conformance.VanishPod(gone),
-			conformance.AwaitReadyEndpoints(svc.Name, keep),
+			conformance.AwaitReadyEndpoints(svc.Name, keep.Name()),
 			conformance.Record(endpointUnready, gone.Name()),
-			conformance.AwaitListedEndpoints(svc.Name, keep),
+			conformance.AwaitListedEndpoints(svc.Name, keep.Name()),
 			conformance.Record(endpointsUpdated, ""),
 		},
 		Checks: []conformance.Check{

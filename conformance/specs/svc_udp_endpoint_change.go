@@ -59,7 +59,6 @@ func udpEndpointChange(ctx context.Context, e *conformance.Env) error {
 		return err
 	}
 
-	var newcomer topologies.Pod
 	flow := probe.UDP{Name: udpFlow, To: []probe.Destination{{Label: "svc", Addr: svc.ClusterIPAddr()}},
 		Interval: e.Budgets.ConnectInterval, Replies: true, Timeout: e.Budgets.AttemptTimeout}
 	return e.Run(ctx, conformance.Scenario{
@@ -71,7 +70,7 @@ func udpEndpointChange(ctx context.Context, e *conformance.Env) error {
 		Transition: []conformance.Step{
 			conformance.Record(backendAdded, "udp-new"),
 			conformance.Do("add the backend udp-new", func(ctx context.Context, e *conformance.Env) error {
-				newcomer, _, err = workloads.AddBackend(ctx, e.World, "udp-new", nodeA.Name(), labels)
+				_, _, err := workloads.AddBackend(ctx, e.World, "udp-new", nodeA.Name(), labels)
 				return err
 			}),
 			// As a kubelet does: the container stops (its socket closes), then the pod
@@ -82,7 +81,7 @@ func udpEndpointChange(ctx context.Context, e *conformance.Env) error {
 			// Listed at all, not only ready: a dataplane may keep the flows of an
 			// endpoint that is terminating but still serving (kube-proxy does, as for
 			// TCP), and the old one is listed so for a moment after its pod's deletion.
-			conformance.AwaitListedEndpoints(svc.Name, newcomer),
+			conformance.AwaitListedEndpoints(svc.Name, "udp-new"),
 			conformance.Record(endpointsUpdated, "udp-new only"),
 		},
 		Checks: []conformance.Check{
