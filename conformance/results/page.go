@@ -93,10 +93,21 @@ func ReadTimings(path string) ([]Timing, error) {
 	return out, nil
 }
 
-// TimingsBlock renders timings as a list for the README.
+// TimingsBlock renders timings as a list for the README: the newest measurement of
+// each command (the last row of its What; the ledger keeps the older ones), in the
+// order the commands first appear.
 func TimingsBlock(ts []Timing) string {
-	var b strings.Builder
+	newest := map[string]Timing{}
+	var order []string
 	for _, t := range ts {
+		if _, ok := newest[t.What]; !ok {
+			order = append(order, t.What)
+		}
+		newest[t.What] = t
+	}
+	var b strings.Builder
+	for _, what := range order {
+		t := newest[what]
 		d := time.Duration(t.Seconds) * time.Second
 		fmt.Fprintf(&b, "- %s: **%d min %02d s** (%s, at %s)", t.What, int(d.Minutes()), int(d.Seconds())%60, t.Machine, t.Commit)
 		if t.Note != "" {

@@ -117,3 +117,16 @@ func TestCheckFailsOnDrift(t *testing.T) {
 		t.Errorf("Check of a README without its blocks: %v, want an error naming the block", err)
 	}
 }
+
+// The README shows each command's newest measurement; the ledger keeps them all.
+func TestTimingsBlockShowsTheNewest(t *testing.T) {
+	got := TimingsBlock([]Timing{
+		{What: "make test", Seconds: 1832, Commit: "a", Machine: "m"},
+		{What: "make conformance", Seconds: 842, Commit: "b", Machine: "m"},
+		{What: "make test", Seconds: 1780, Commit: "c", Machine: "m", Note: "newer"},
+	})
+	want := "- make test: **29 min 40 s** (m, at c); newer\n- make conformance: **14 min 02 s** (m, at b)\n"
+	if got != want {
+		t.Errorf("TimingsBlock =\n%s\nwant\n%s", got, want)
+	}
+}
