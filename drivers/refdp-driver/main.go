@@ -353,7 +353,8 @@ func (e env) cleanup() error {
 	if err != nil {
 		return skel.Fail("cleanup failed", "refdp cleanup: %w: %s", err, bytes.TrimSpace(out))
 	}
-	for _, f := range []string{e.agent().Path("refdp.pid"), filepath.Join(e.StateDir, agent.StatusFile)} {
+	a := e.agent()
+	for _, f := range []string{a.Path(a.PIDFile), filepath.Join(e.StateDir, agent.StatusFile)} {
 		os.Remove(f)
 	}
 	return nil
