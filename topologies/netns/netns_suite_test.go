@@ -93,7 +93,7 @@ func runRole(role string, args []string) int {
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
-	case "hold": // hold ADDR: accept connections and keep them open, silent
+	case "hold": // hold ADDR: accept connections, print "held" for each, keep them open, silent
 		l, err := net.Listen("tcp", args[0])
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -108,6 +108,7 @@ func runRole(role string, args []string) int {
 				return 1
 			}
 			held = append(held, c)
+			fmt.Println("held")
 		}
 	case "watch": // watch ADDR: connect, print "connected", then how the connection ends
 		c, err := net.DialTimeout("tcp", args[0], 5*time.Second)

@@ -144,7 +144,8 @@ var _ = Describe("a 2-node netns topology", Ordered, func() {
 			Expect(err).NotTo(HaveOccurred())
 			Expect(server.Start(hold)).To(Succeed())
 			DeferCleanup(func() { hold.Process.Kill(); hold.Wait() })
-			Eventually(lines(out)).WithTimeout(5 * time.Second).Should(Receive(Equal("listening")))
+			said := lines(out)
+			Eventually(said).WithTimeout(5 * time.Second).Should(Receive(Equal("listening")))
 			name, args = roleCmd("watch", net.JoinHostPort(server.IP().String(), "8080"))
 			cli := exec.Command(name, args...)
 			cout, err := cli.StdoutPipe()
@@ -153,6 +154,9 @@ var _ = Describe("a 2-node netns topology", Ordered, func() {
 			DeferCleanup(func() { cli.Process.Kill(); cli.Wait() })
 			got := lines(cout)
 			Eventually(got).WithTimeout(5 * time.Second).Should(Receive(Equal("connected")))
+			// The client's connect returns when the handshake does, before the server's
+			// Accept; a server killed with the connection still queued resets it.
+			Eventually(said).WithTimeout(5 * time.Second).Should(Receive(Equal("held")))
 			return got, func() { cli.Process.Kill() }
 		}
 		for _, vanish := range []bool{false, true} {
