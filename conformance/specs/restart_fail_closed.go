@@ -2,10 +2,14 @@ package specs
 
 import (
 	"context"
+	"fmt"
+	"time"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/workloads"
+	"github.com/dpconform/dpconform/topologies"
 )
 
 func init() {
@@ -52,5 +56,156 @@ func restartFailClosed(ctx context.Context, e *conformance.Env) error {
 		Checks: []conformance.Check{
 			{Name: "nothing of the stranger's reaches S across the restarts", Matcher: matchers.HaveZeroDelivered(matchers.Probes("stranger-connect", "stranger-udp"))},
 		},
+	})
+}
+
+func init() {
+	conformance.Register(conformance.Spec{
+		ID:       "RESTART-FAIL-CLOSED-NEW-POD",
+		Profile:  conformance.Policy,
+		Features: []conformance.Feature{conformance.FeatureNetworkPolicy, conformance.FeatureUDP},
+		Description: "A pod the agent has never seen, created while the agent is down, passes nothing its policy refuses, " +
+			"in either direction, from its first packet until the agent has programmed it, and then gets exactly its policy; " +
+			"once after a graceful stop and once after SIGKILL.",
+		Transition: "node-a's agent stopped (gracefully, then in a second round killed); while it is down two pods are created on node-a: one whose egress policy allows only D, and a server whose ingress policy admits only friends; the agent is started again; each round's probes stop 500 ms after its pods have their policy",
+		Traffic:    "from each new pod's first possible packet (its probes start when CNI has wired it): the restricted pod sends UDP every {connect-interval} to X, which its policy refuses, and to D; a stranger sends UDP to the new server from a new socket each time (a new flow each), and a friend from one socket, every {connect-interval}",
+		Invariant:  "nothing the restricted pod sends to X and nothing of the stranger's is ever delivered; once programmed (within {policy-programmed} of ready) the restricted pod reaches D and the friend the new server, every datagram from its first delivered one on",
+		Budgets:    []string{"connect-interval", "policy-programmed", "lead", "settle"},
+		Origin:     "an agent that knows a node's pods only by what it programmed: a pod whose interface it has never seen is left to plain routing, unpoliced, while the agent is down or until its first complete round after a start",
+		Design:     "The pods are created while the agent is down because that is when no program of it can know them; the spec then has no say in how long the agent takes to start, only in what passes meanwhile. The stranger sends from a new socket each time so that every datagram is a new flow that policy must judge; a flow admitted once may legitimately stay admitted.",
+		Catches:    []conformance.FaultCase{{Fault: "ungated-on-every-start", Kinds: []conformance.FailureKind{matchers.KindDelivered}}},
+		Body:       restartFailClosedNewPod,
+	})
+}
+
+// EventPodProgrammed is recorded once a pod created while the agent was down has
+// been given its policy: the restricted one reaches D, the friend the new server.
+const EventPodProgrammed = "pod-programmed"
+
+// latePods are the pods one round of RESTART-FAIL-CLOSED-NEW-POD creates while the
+// agent is down, and their probes' names.
+type latePods struct {
+	restricted, server string // the pods, and the labels of what they serve or send
+	stranger, friend   string // the probes from the existing stranger and friend to server
+	// The probes the round starts, stopped newcomerLive after the pods are programmed:
+	// the next round's restart is judged on its own pods.
+	procs *[]*probe.Process
+}
+
+func newLatePods(round int) latePods {
+	return latePods{
+		restricted: fmt.Sprintf("late-%d-restricted", round),
+		server:     fmt.Sprintf("late-%d-s", round),
+		stranger:   fmt.Sprintf("stranger-to-late-%d", round),
+		friend:     fmt.Sprintf("friend-to-late-%d", round),
+		procs:      new([]*probe.Process),
+	}
+}
+
+// steps creates the round's pods (the agent is down): the restricted pod's probe
+// starts when it is wired; the server's, and the stranger's and friend's probes to
+// it, when the server is wired.
+func (l latePods) steps(e *conformance.Env, o *orderWorld) []conformance.Step {
+	every := e.Budgets.ConnectInterval
+	add := func(name string, labels map[string]string, wired func(context.Context, topologies.Pod) error) []conformance.Step {
+		return []conformance.Step{
+			conformance.Record(EventPodCreating, name),
+			conformance.AddPod(topologies.PodSpec{Name: name, Namespace: orderNamespace, Node: o.node.Name(), Labels: labels, OnWired: wired}, nil),
+		}
+	}
+	restrictedProbe := probe.UDP{Name: l.restricted, Interval: every, To: []probe.Destination{
+		{Label: o.x.Name(), Addr: addr(o.x.IP())}, {Label: o.d.Name(), Addr: addr(o.d.IP())}}}
+	start := func(ctx context.Context, in topologies.Pod, cfg probe.Config) error {
+		proc, err := e.World.StartProbe(ctx, in, cfg)
+		if err == nil {
+			*l.procs = append(*l.procs, proc)
+		}
+		return err
+	}
+	steps := add(l.restricted, map[string]string{roleLabel: restricted}, func(ctx context.Context, p topologies.Pod) error {
+		return start(ctx, p, restrictedProbe)
+	})
+	return append(steps, add(l.server, map[string]string{"app": "s"}, func(ctx context.Context, p topologies.Pod) error {
+		// The server is not stopped with the round: a receiver must cover the window.
+		if _, err := e.World.StartProbe(ctx, p, probe.Serve{Name: l.server, UDP: []int{orderPort}}); err != nil {
+			return err
+		}
+		to := []probe.Destination{{Label: l.server, Addr: addr(p.IP())}}
+		if err := start(ctx, o.str, probe.UDP{Name: l.stranger, To: to, Interval: every, NewSocket: true}); err != nil {
+			return err
+		}
+		return start(ctx, o.friend, probe.UDP{Name: l.friend, To: to, Interval: every})
+	})...)
+}
+
+// programmed waits until the round's pods have their policy: the restricted pod
+// reaches D and the friend reaches the new server, each within policy-programmed.
+func (l latePods) programmed(o *orderWorld) conformance.Step {
+	return conformance.Do("wait until "+l.restricted+" reaches D and the friend "+l.server, func(ctx context.Context, e *conformance.Env) error {
+		for _, flow := range []struct{ from, to string }{{l.restricted, o.d.Name()}, {l.friend, l.server}} {
+			wctx, cancel := context.WithTimeout(ctx, e.Budgets.PolicyProgrammed)
+			_, err := e.World.Timeline().Await(wctx, func(ev probe.Event) bool {
+				return ev.Kind == probe.KindRecv && ev.From == flow.from && ev.Target == flow.to
+			})
+			cancel()
+			if err != nil {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return fmt.Errorf("%w: nothing of %s reached %s within %s of the agent's ready: the pod created while it was down never got its policy",
+					workloads.ErrNotFlowing, flow.from, flow.to, e.Budgets.PolicyProgrammed)
+			}
+		}
+		e.Record(EventPodProgrammed, l.restricted+", "+l.server)
+		if err := conformance.Hold(ctx, newcomerLive); err != nil {
+			return err
+		}
+		for _, p := range *l.procs {
+			if err := e.World.StopProbe(ctx, p); err != nil {
+				return fmt.Errorf("%w: stop a probe of %s: %w", conformance.ErrEnvironment, l.server, err)
+			}
+		}
+		return nil
+	})
+}
+
+func restartFailClosedNewPod(ctx context.Context, e *conformance.Env) error {
+	o, err := deployOrder(ctx, e)
+	if err != nil {
+		return err
+	}
+	if err := waitCells(ctx, e, cell{o.friend, o.s, "udp", true}, cell{o.str, o.s, "udp", false}); err != nil {
+		return err
+	}
+	var steps []conformance.Step
+	var checks []conformance.Check
+	for round, stop := range []conformance.Step{conformance.Stop(o.node), conformance.Kill(o.node)} {
+		l := newLatePods(round + 1)
+		steps = append(steps, stop)
+		steps = append(steps, l.steps(e, o)...)
+		// The pods' probes run a while with the agent down: that is the state judged.
+		steps = append(steps, conformance.Pause(time.Second), conformance.Start(o.node), l.programmed(o))
+		checks = append(checks,
+			conformance.Check{Name: l.restricted + " never reaches X", Matcher: matchers.HaveZeroDelivered(matchers.Probes(l.restricted), matchers.To(o.x.Name()), matchers.SendersMayStop())},
+			conformance.Check{Name: "nothing of the stranger's reaches " + l.server, Matcher: matchers.HaveZeroDelivered(matchers.Probes(l.stranger), matchers.SendersMayStop())},
+			conformance.Check{Name: l.restricted + " reaches D once programmed, and from then on",
+				Matcher: matchers.DeliverToOnceDeliveredTo(o.d.Name(), o.d.Name(), matchers.Probes(l.restricted), matchers.SendersMayStop())},
+			conformance.Check{Name: "the friend reaches " + l.server + " once it is programmed, and from then on",
+				Matcher: matchers.DeliverToOnceDeliveredTo(l.server, l.server, matchers.Probes(l.friend), matchers.SendersMayStop())},
+		)
+	}
+	return e.Run(ctx, conformance.Scenario{
+		Traffic: []conformance.Traffic{
+			{From: o.friend, Probe: probe.UDP{Name: "friend", Interval: e.Budgets.ConnectInterval,
+				To: []probe.Destination{{Label: o.s.Name(), Addr: addr(o.s.IP())}, {Label: o.d.Name(), Addr: addr(o.d.IP())}}}},
+			{From: o.str, Probe: probe.UDP{Name: "stranger", Interval: e.Budgets.ConnectInterval, NewSocket: true,
+				To: []probe.Destination{{Label: o.s.Name(), Addr: addr(o.s.IP())}}}},
+		},
+		Preconditions: []conformance.Check{
+			{Name: "a friend reaches S", Matcher: matchers.DeliverToOnceDeliveredTo(o.s.Name(), o.d.Name(), matchers.Probes("friend"))},
+			{Name: "the stranger does not", Matcher: matchers.HaveZeroDelivered(matchers.Probes("stranger"))},
+		},
+		Transition: steps,
+		Checks:     checks,
 	})
 }

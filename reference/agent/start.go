@@ -57,7 +57,12 @@ func (a *Agent) writeStartChains(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return a.writeIPTables(ctx, existingLinks(prev), !installed)
+	ungated := !installed
+	if installed && a.cfg.Faults.Has(faults.UngatedOnEveryStart) {
+		a.log.Warn("fault: chains written without the workload gates on a node refdp programmed before", "fault", faults.UngatedOnEveryStart)
+		ungated = true
+	}
+	return a.writeIPTables(ctx, existingLinks(prev), ungated)
 }
 
 // attachAll attaches this run's programs to every hook (step 1): the host

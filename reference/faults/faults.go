@@ -99,6 +99,12 @@ const (
 	// without its policy, before its view is complete, so every endpoint is unpoliced
 	// from the agent's start until its first complete round writes policy again.
 	OpenWhileRestarting = "open-while-restarting"
+	// UngatedOnEveryStart: the agent writes its chains without the workload gates at
+	// every start, as it must only at its first on a node (where the pods predate it
+	// and ran unfiltered), so a pod created while it was down, which no program of
+	// it polices yet, is forwarded by plain routing from the agent's start until its
+	// first complete round attaches the pod and closes the gates again.
+	UngatedOnEveryStart = "ungated-on-every-start"
 	// ReadyBeforeFirstApply: the agent reports ready as soon as it has adopted the
 	// pinned datapath, which keeps forwarding ("healthy while starting up", as
 	// kube-proxy's /healthz is), before its first complete round has written what the
@@ -159,6 +165,7 @@ var known = map[string]string{
 	RedirectBeforePolicy:             "new endpoints attached and their gates opened without their policy, written only after iptables (Calico 6241)",
 	DeleteThenAddPolicy:              "a NetworkPolicy update is applied as a delete and an add, each in its own round",
 	OpenWhileRestarting:              "on start every pinned endpoint is re-attached from scratch without policy, until the first complete round",
+	UngatedOnEveryStart:              "the chains are written without the workload gates at every start: a pod created while the agent was down is unpoliced until its first round",
 	ReadyBeforeFirstApply:            "the agent reports ready once it has adopted the pinned datapath, before its first complete round writes what the API holds",
 	AdoptWithoutReconcile:            "pinned service maps adopted on start; what was deleted while down stays until a Service or EndpointSlice changes",
 	HostIPsReadOnce:                  "host IPs read once at start and never watched: no NodePort on an address added later",
