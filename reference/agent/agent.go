@@ -205,7 +205,8 @@ func Run(ctx context.Context, cfg Config) error {
 	defer a.dp.Close()
 	a.status.conntrack = a.dp.Conntrack().Name() + " (" + a.dp.ConntrackFormat().String() + ")"
 	a.syncer, err = services.NewSyncer(a.dp.Frontends(), a.dp.Backends(), services.SyncerOptions{
-		RebuildBackendsInPlace: cfg.Faults.Has(faults.RebuildBackendsInPlace),
+		RebuildBackendsInPlace:  cfg.Faults.Has(faults.RebuildBackendsInPlace),
+		FrontendsBeforeBackends: cfg.Faults.Has(faults.FrontendsBeforeBackends),
 	})
 	if err != nil {
 		return err

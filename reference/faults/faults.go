@@ -26,6 +26,12 @@ const (
 	// conntrack entries of its flows are dropped with it, so established flows to the
 	// backends that stay lose their NAT state.
 	RebuildBackendsInPlace = "rebuild-backends-in-place"
+	// FrontendsBeforeBackends: a service whose backends change gets a fresh service
+	// ID, but its frontends are switched to it before its backends are written, so a
+	// new connection that arrives in between finds its frontend and no backend, and
+	// is dropped: the reverse of make-before-break, for as long as the backend writes
+	// take.
+	FrontendsBeforeBackends = "frontends-before-backends"
 	// KeepUDPConntrackOnBackendRemoval: when a backend leaves a Service, the agent
 	// does not delete the conntrack entries of the UDP flows DNATed to it, so a UDP
 	// client that keeps its 5-tuple goes on being sent to the removed backend, a
@@ -150,6 +156,7 @@ var known = map[string]string{
 	FlushNATOnStart:                  "the agent empties the NAT frontend and backend maps when it starts",
 	UnpinnedConntrack:                "conntrack state does not survive an agent restart",
 	RebuildBackendsInPlace:           "a backend change deletes and re-creates the service in place, conntrack entries included",
+	FrontendsBeforeBackends:          "a changed service's frontends are switched to its fresh service ID before its backends are written",
 	KeepUDPConntrackOnBackendRemoval: "UDP flows to a backend removed from a Service keep their conntrack entries, and go on to it",
 	ServeNotReadyEndpoints:           "endpoints that are not ready (terminating) stay backends for new connections",
 	KeepFlowsToGoneBackends:          "TCP flows to a backend whose endpoint is gone are not reset: a client of a vanished pod hangs",

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/dpconform/dpconform/bpf"
 	"github.com/dpconform/dpconform/reference/cachingmap"
@@ -20,7 +21,9 @@ type Syncer struct {
 	backends  *cachingmap.Map[bpf.BackendKey, bpf.BackendValue]
 	// inPlace is the fault rebuild-backends-in-place.
 	inPlace bool
-	raw     cachingmap.Backend[bpf.BackendKey, bpf.BackendValue]
+	// frontendsFirst is the fault frontends-before-backends.
+	frontendsFirst bool
+	raw            cachingmap.Backend[bpf.BackendKey, bpf.BackendValue]
 }
 
 // SyncerOptions configure a Syncer.
@@ -29,15 +32,21 @@ type SyncerOptions struct {
 	// backends change keeps its service ID, and its backend slots are deleted and
 	// rewritten under the frontends' feet.
 	RebuildBackendsInPlace bool
+	// FrontendsBeforeBackends is the fault "frontends-before-backends": an Apply writes
+	// the frontends before the backends, so a changed service's frontends point at a
+	// fresh service ID whose backend slots are not written yet, for as long as the
+	// backend writes take.
+	FrontendsBeforeBackends bool
 }
 
 // NewSyncer adopts what the maps hold.
 func NewSyncer(fe cachingmap.Backend[bpf.FrontendKey, bpf.FrontendValue], be cachingmap.Backend[bpf.BackendKey, bpf.BackendValue], opts SyncerOptions) (*Syncer, error) {
 	s := &Syncer{
-		frontends: cachingmap.New("frontends", fe),
-		backends:  cachingmap.New("backends", be),
-		inPlace:   opts.RebuildBackendsInPlace,
-		raw:       be,
+		frontends:      cachingmap.New("frontends", fe),
+		backends:       cachingmap.New("backends", be),
+		inPlace:        opts.RebuildBackendsInPlace,
+		frontendsFirst: opts.FrontendsBeforeBackends,
+		raw:            be,
 	}
 	if err := s.frontends.Load(); err != nil {
 		return nil, err
@@ -79,11 +88,19 @@ type Stats struct {
 	// in silence: the caller flags them (Datapath.MarkDNATFlowsGone) once the
 	// backend is not listed any more.
 	StaleTCP []bpf.DNATFlows
+	// Exposed is, under the fault frontends-before-backends, how long the frontends
+	// written pointed at backend slots not written yet: from the first frontend
+	// write to the last backend write.
+	Exposed time.Duration
 }
 
 func (s Stats) String() string {
-	return fmt.Sprintf("frontends +%d -%d, backends +%d -%d, rebuilt %v, UDP backends gone %d, TCP backends gone %d",
+	out := fmt.Sprintf("frontends +%d -%d, backends +%d -%d, rebuilt %v, UDP backends gone %d, TCP backends gone %d",
 		s.FrontendsWritten, s.FrontendsDeleted, s.BackendsWritten, s.BackendsDeleted, s.Rebuilt, len(s.StaleUDP), len(s.StaleTCP))
+	if s.Exposed > 0 {
+		out += fmt.Sprintf(", frontends ahead of their backends for %s", s.Exposed)
+	}
+	return out
 }
 
 // protoBackends returns the backends of every frontend of the maps for proto.
@@ -231,14 +248,25 @@ func (s *Syncer) Apply(d Desired, complete bool) (Stats, error) {
 	}
 	s.backends.TakeDesired(wantBE)
 	s.frontends.TakeDesired(wantFE)
+	var exposedFrom time.Time
+	if s.frontendsFirst {
+		exposedFrom = time.Now()
+		n, err := s.frontends.ApplyUpdates()
+		st.FrontendsWritten, errs = n, append(errs, err)
+	}
 	n, err := s.backends.ApplyUpdates()
 	st.BackendsWritten, errs = n, append(errs, err)
+	if s.frontendsFirst && st.FrontendsWritten > 0 && n > 0 {
+		st.Exposed = time.Since(exposedFrom)
+	}
 	if err != nil {
 		// Frontends must not point at backends that are not there.
 		return s.stale(st, udpBefore, tcpBefore), errors.Join(errs...)
 	}
-	n, err = s.frontends.ApplyUpdates()
-	st.FrontendsWritten, errs = n, append(errs, err)
+	if !s.frontendsFirst {
+		n, err = s.frontends.ApplyUpdates()
+		st.FrontendsWritten, errs = n, append(errs, err)
+	}
 	if complete && err == nil {
 		n, err = s.frontends.ApplyDeletions()
 		st.FrontendsDeleted, errs = n, append(errs, err)

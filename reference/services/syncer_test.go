@@ -177,6 +177,22 @@ func TestRebuildInPlaceFault(t *testing.T) {
 	}
 }
 
+func TestFrontendsBeforeBackendsFault(t *testing.T) {
+	w := newWorld()
+	s, _ := NewSyncer(w.fe, w.be, SyncerOptions{FrontendsBeforeBackends: true})
+	svcs := []*corev1.Service{nodePortSvc()}
+	s.Apply(Compute(svcs, []*discoveryv1.EndpointSlice{slice(podA)}, []netip.Addr{hostIP}), true)
+	w.log = nil
+	s.Apply(Compute(svcs, []*discoveryv1.EndpointSlice{slice(podA, podB)}, []netip.Addr{hostIP}), true)
+	ops := strings.Join(w.log, "\n")
+	if lastFE, firstBE := strings.LastIndex(ops, "put fe"), strings.Index(ops, "put be"); firstBE < lastFE {
+		t.Fatalf("the fault switches the frontends before it writes the backends:\n%s", ops)
+	}
+	if fe := w.fe.m[bpf.FrontendKey{Addr: clusterIP, Port: 80, Proto: bpf.TCP}]; fe.BackendCount != 2 {
+		t.Fatalf("frontend %+v: want 2 backends once the Apply is done", fe)
+	}
+}
+
 func udpSvc() *corev1.Service {
 	s := nodePortSvc()
 	s.Spec.Ports[0].Name, s.Spec.Ports[0].Protocol = "dns", corev1.ProtocolUDP
