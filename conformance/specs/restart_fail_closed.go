@@ -8,7 +8,6 @@ import (
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
-	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/topologies"
 )
 
@@ -106,67 +105,29 @@ func newLatePods(round int) latePods {
 // starts when it is wired; the server's, and the stranger's and friend's probes to
 // it, when the server is wired.
 func (l latePods) steps(e *conformance.Env, o *orderWorld) []conformance.Step {
-	every := e.Budgets.ConnectInterval
-	add := func(name string, labels map[string]string, wired func(context.Context, topologies.Pod) error) []conformance.Step {
-		return []conformance.Step{
-			conformance.Record(EventPodCreating, name),
-			conformance.AddPod(topologies.PodSpec{Name: name, Namespace: orderNamespace, Node: o.node.Name(), Labels: labels, OnWired: wired}, nil),
-		}
-	}
-	restrictedProbe := probe.UDP{Name: l.restricted, Interval: every, To: []probe.Destination{
+	restrictedProbe := probe.UDP{Name: l.restricted, Interval: e.Budgets.ConnectInterval, To: []probe.Destination{
 		{Label: o.x.Name(), Addr: addr(o.x.IP())}, {Label: o.d.Name(), Addr: addr(o.d.IP())}}}
-	start := func(ctx context.Context, in topologies.Pod, cfg probe.Config) error {
-		proc, err := e.World.StartProbe(ctx, in, cfg)
-		if err == nil {
-			*l.procs = append(*l.procs, proc)
-		}
-		return err
+	steps := []conformance.Step{
+		conformance.Record(EventPodCreating, l.restricted),
+		conformance.AddPod(topologies.PodSpec{Name: l.restricted, Namespace: orderNamespace, Node: o.node.Name(),
+			Labels: map[string]string{roleLabel: restricted},
+			OnWired: func(ctx context.Context, p topologies.Pod) error {
+				proc, err := e.World.StartProbe(ctx, p, restrictedProbe)
+				if err == nil {
+					*l.procs = append(*l.procs, proc)
+				}
+				return err
+			}}, nil),
 	}
-	steps := add(l.restricted, map[string]string{roleLabel: restricted}, func(ctx context.Context, p topologies.Pod) error {
-		return start(ctx, p, restrictedProbe)
-	})
-	return append(steps, add(l.server, map[string]string{"app": "s"}, func(ctx context.Context, p topologies.Pod) error {
-		// The server is not stopped with the round: a receiver must cover the window.
-		if _, err := e.World.StartProbe(ctx, p, probe.Serve{Name: l.server, UDP: []int{orderPort}}); err != nil {
-			return err
-		}
-		to := []probe.Destination{{Label: l.server, Addr: addr(p.IP())}}
-		if err := start(ctx, o.str, probe.UDP{Name: l.stranger, To: to, Interval: every, NewSocket: true}); err != nil {
-			return err
-		}
-		return start(ctx, o.friend, probe.UDP{Name: l.friend, To: to, Interval: every})
-	})...)
+	return append(steps, newServer(e, o, l.server, []client{{from: o.str, name: l.stranger, newSocket: true}, {from: o.friend, name: l.friend}}, l.procs)...)
 }
 
-// programmed waits until the round's pods have their policy: the restricted pod
-// reaches D and the friend reaches the new server, each within policy-programmed.
+// programmed waits until the round's pods have their policy (the restricted pod
+// reaches D and the friend the new server, each within policy-programmed of ready),
+// then stops their probes.
 func (l latePods) programmed(o *orderWorld) conformance.Step {
-	return conformance.Do("wait until "+l.restricted+" reaches D and the friend "+l.server, func(ctx context.Context, e *conformance.Env) error {
-		for _, flow := range []struct{ from, to string }{{l.restricted, o.d.Name()}, {l.friend, l.server}} {
-			wctx, cancel := context.WithTimeout(ctx, e.Budgets.PolicyProgrammed)
-			_, err := e.World.Timeline().Await(wctx, func(ev probe.Event) bool {
-				return ev.Kind == probe.KindRecv && ev.From == flow.from && ev.Target == flow.to
-			})
-			cancel()
-			if err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return fmt.Errorf("%w: nothing of %s reached %s within %s of the agent's ready: the pod created while it was down never got its policy",
-					workloads.ErrNotFlowing, flow.from, flow.to, e.Budgets.PolicyProgrammed)
-			}
-		}
-		e.Record(EventPodProgrammed, l.restricted+", "+l.server)
-		if err := conformance.Hold(ctx, newcomerLive); err != nil {
-			return err
-		}
-		for _, p := range *l.procs {
-			if err := e.World.StopProbe(ctx, p); err != nil {
-				return fmt.Errorf("%w: stop a probe of %s: %w", conformance.ErrEnvironment, l.server, err)
-			}
-		}
-		return nil
-	})
+	return reachedThenStop("wait until "+l.restricted+" reaches D and the friend "+l.server+", then stop their probes", EventPodProgrammed,
+		"a pod created while the agent was down never got its policy", [][2]string{{l.restricted, o.d.Name()}, {l.friend, l.server}}, l.procs)
 }
 
 func restartFailClosedNewPod(ctx context.Context, e *conformance.Env) error {

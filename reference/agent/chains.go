@@ -51,6 +51,12 @@ func (a *Agent) writeIPTables(ctx context.Context, workloads []string, ungated b
 		NoForwardFallthroughAccept: a.cfg.Faults.Has(faults.NoForwardFallthroughAccept),
 		Ungated:                    ungated,
 	}
+	if a.cfg.Faults.Has(faults.HostSeenBeforeGates) {
+		cfg.HostSeenFirst = a.cfg.HostInterface
+		if a.iptablesFor == nil {
+			a.log.Warn("fault: FORWARD accepts the host interface's handled packets before the gates", "fault", faults.HostSeenBeforeGates)
+		}
+	}
 	if cfg.NoForwardFallthroughAccept && a.iptablesFor == nil {
 		a.log.Warn("fault: FORWARD has no accept for fallthrough packets", "fault", faults.NoForwardFallthroughAccept)
 	}

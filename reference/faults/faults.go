@@ -105,6 +105,12 @@ const (
 	// without its policy, before its view is complete, so every endpoint is unpoliced
 	// from the agent's start until its first complete round writes policy again.
 	OpenWhileRestarting = "open-while-restarting"
+	// HostSeenBeforeGates: FORWARD accepts the packets the host interface's programs
+	// marked as handled before the workload gates: traffic from another node (it
+	// crossed the host interface's programs first) reaches a new pod before the
+	// agent has attached the pod's programs and policy, while traffic from a pod on
+	// the same node still meets the gate.
+	HostSeenBeforeGates = "host-seen-before-gates"
 	// UngatedOnEveryStart: the agent writes its chains without the workload gates at
 	// every start, as it must only at its first on a node (where the pods predate it
 	// and ran unfiltered), so a pod created while it was down, which no program of
@@ -172,6 +178,7 @@ var known = map[string]string{
 	RedirectBeforePolicy:             "new endpoints attached and their gates opened without their policy, written only after iptables (Calico 6241)",
 	DeleteThenAddPolicy:              "a NetworkPolicy update is applied as a delete and an add, each in its own round",
 	OpenWhileRestarting:              "on start every pinned endpoint is re-attached from scratch without policy, until the first complete round",
+	HostSeenBeforeGates:              "FORWARD accepts what the host interface's programs handled before the gates: another node's traffic reaches a pod not yet programmed",
 	UngatedOnEveryStart:              "the chains are written without the workload gates at every start: a pod created while the agent was down is unpoliced until its first round",
 	ReadyBeforeFirstApply:            "the agent reports ready once it has adopted the pinned datapath, before its first complete round writes what the API holds",
 	AdoptWithoutReconcile:            "pinned service maps adopted on start; what was deleted while down stays until a Service or EndpointSlice changes",

@@ -90,6 +90,10 @@ type Config struct {
 	// NoForwardFallthroughAccept leaves FORWARD without its fallthrough accept (the
 	// no-forward-fallthrough-accept fault; INPUT keeps its own).
 	NoForwardFallthroughAccept bool
+	// HostSeenFirst, when set, is the node's host interface: FORWARD accepts what its
+	// programs marked SEEN before the gates (the host-seen-before-gates fault), so a
+	// packet from another node reaches a pod whose own programs are not there yet.
+	HostSeenFirst string
 	// Ungated leaves out the jumps to the gates: for the chains an agent writes when it
 	// first starts on a node refdp never programmed (Installed is false), whose pods
 	// predate it and ran unfiltered (under kube-proxy, say). Closing them before the
@@ -137,6 +141,10 @@ func writeChains(b *strings.Builder, cfg Config) {
 		ForwardChain, m.Fallthrough, m.Mask, m.Vouched, m.Vouched)
 	// The gates come before the SEEN accept: the host interface's programs mark
 	// SEEN a packet on its way to a workload whose own programs are not there yet.
+	if cfg.HostSeenFirst != "" {
+		fmt.Fprintf(b, "-A %s -i %s -m mark --mark %#x/%#x -m comment --comment \"refdp: handled by BPF on the host interface\" -j ACCEPT\n",
+			ForwardChain, cfg.HostSeenFirst, m.Seen, m.Mask)
+	}
 	if !cfg.Ungated {
 		fmt.Fprintf(b, "-A %s -o %s+ -j %s\n", ForwardChain, prefix, ToWorkloadChain)
 		fmt.Fprintf(b, "-A %s -i %s+ -j %s\n", ForwardChain, prefix, FromWorkloadChain)

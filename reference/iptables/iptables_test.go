@@ -155,6 +155,23 @@ func TestForwardLayout(t *testing.T) {
 			toWL:   []string{"-o veth-a -j RETURN", gateDrop},
 			fromWL: []string{"-i veth-a -j RETURN", gateDrop},
 		},
+		{
+			name:  "fault host-seen-before-gates",
+			cfg:   Config{Marks: testMarks, Workloads: []string{"veth-a"}, HostSeenFirst: "eth0"},
+			input: []string{fromGate, seenAccept, fallthroughAccept},
+			fwd: []string{
+				vouch,
+				`-i eth0 -m mark --mark 0x1000000/0xf000000 -m comment --comment "refdp: handled by BPF on the host interface" -j ACCEPT`,
+				toGate,
+				fromGate,
+				seenAccept,
+				`-i veth-a -m comment --comment "refdp: from workload" -j ACCEPT`,
+				`-o veth-a -m comment --comment "refdp: to workload" -j ACCEPT`,
+				vouchedAccept,
+			},
+			toWL:   []string{"-o veth-a -j RETURN", gateDrop},
+			fromWL: []string{"-i veth-a -j RETURN", gateDrop},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d, err := parseSave(Rules(tc.cfg))
