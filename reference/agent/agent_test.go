@@ -171,8 +171,9 @@ func TestPolicyViewSplitUpdate(t *testing.T) {
 }
 
 // A TCP backend removed from its frontend is flagged gone only once its endpoint is
-// not listed: while listed (terminating) it drains, and one back in its frontend's
-// backends is dropped from the watch. Duplicates count once.
+// not listed and no pod holds its address: while listed (terminating), or while its
+// pod runs outside the Service, it drains, and one back in its frontend's backends is
+// dropped from the watch. Duplicates count once.
 func TestGoneTCP(t *testing.T) {
 	fe := bpf.FrontendKey{Addr: netip.MustParseAddr("10.96.0.10"), Port: 80, Proto: bpf.TCP}
 	be := func(s string) bpf.BackendValue { return bpf.BackendValue{Addr: netip.MustParseAddr(s), Port: 8080} }
@@ -183,14 +184,15 @@ func TestGoneTCP(t *testing.T) {
 		}
 		return out
 	}
-	left := flows("10.244.1.2", "10.244.1.3", "10.244.1.4", "10.244.1.2")
+	left := flows("10.244.1.2", "10.244.1.3", "10.244.1.4", "10.244.1.2", "10.244.1.5")
 	inMaps := map[bpf.FrontendKey][]bpf.BackendValue{fe: {be("10.244.0.2"), be("10.244.1.4")}}
 	listed := services.Desired{"default/web:80/TCP": {Frontends: []bpf.FrontendKey{fe}, Backends: []bpf.BackendValue{be("10.244.0.2"), be("10.244.1.3"), be("10.244.1.4")}}}
-	gone, draining := goneTCP(left, inMaps, listed)
+	running := map[netip.Addr]bool{netip.MustParseAddr("10.244.1.5"): true}
+	gone, draining := goneTCP(left, inMaps, listed, running)
 	if want := flows("10.244.1.2"); !slices.Equal(gone, want) {
-		t.Errorf("gone %v, want %v (not listed)", gone, want)
+		t.Errorf("gone %v, want %v (not listed, no pod)", gone, want)
 	}
-	if want := flows("10.244.1.3"); !slices.Equal(draining, want) {
-		t.Errorf("draining %v, want %v (listed, terminating)", draining, want)
+	if want := flows("10.244.1.3", "10.244.1.5"); !slices.Equal(draining, want) {
+		t.Errorf("draining %v, want %v (listed, terminating; a pod that left the Service)", draining, want)
 	}
 }

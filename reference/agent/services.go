@@ -53,10 +53,12 @@ func (a *Agent) syncServices(hostIPs []netip.Addr, hostsOK bool) error {
 }
 
 // endGoneTCP flags the conntrack entries of TCP flows DNATed to backends their
-// frontends no longer have and whose endpoints are not listed any more (step 7,
-// after the frontends point at their new backends): their next packet from a pod is
-// answered with a RST. A backend still listed is terminating and may serve its flows
-// to their end, so they wait for its endpoint to go; one back in its frontend's
+// frontends no longer have, whose endpoints are not listed any more and whose
+// address no pod holds (step 7, after the frontends point at their new backends):
+// their next packet from a pod is answered with a RST. A backend still listed is
+// terminating and may serve its flows to their end, so they wait for its endpoint to
+// go; so does a pod that only left the Service (relabelled out of its selector),
+// which still runs and answers them, until the pod goes; one back in its frontend's
 // backends serves them again. A pod that closed its connections as it stopped has
 // ended these flows already; one that vanished without a FIN (a lost sandbox or
 // node) has not, and its clients would wait in silence. Only a complete view of the
@@ -66,7 +68,7 @@ func (a *Agent) endGoneTCP(listed func() services.Desired) error {
 	if len(a.leftTCP) == 0 {
 		return nil
 	}
-	gone, draining := goneTCP(a.leftTCP, a.syncer.TCPBackends(), listed())
+	gone, draining := goneTCP(a.leftTCP, a.syncer.TCPBackends(), listed(), a.podAddresses())
 	a.leftTCP = draining
 	if len(gone) == 0 {
 		return nil
@@ -114,7 +116,7 @@ func (a *Agent) forgetStaleUDP() error {
 // goneTCP sorts the TCP backends removed from their frontends (left, duplicates
 // allowed) into those whose endpoints are gone (not listed) and those still draining
 // (listed, terminating); one back in its frontend's backends (inMaps) is neither.
-func goneTCP(left []bpf.DNATFlows, inMaps map[bpf.FrontendKey][]bpf.BackendValue, listed services.Desired) (gone, draining []bpf.DNATFlows) {
+func goneTCP(left []bpf.DNATFlows, inMaps map[bpf.FrontendKey][]bpf.BackendValue, listed services.Desired, pods map[netip.Addr]bool) (gone, draining []bpf.DNATFlows) {
 	isListed := map[bpf.DNATFlows]bool{}
 	for _, sp := range listed {
 		for _, f := range sp.Frontends {
@@ -128,7 +130,7 @@ func goneTCP(left []bpf.DNATFlows, inMaps map[bpf.FrontendKey][]bpf.BackendValue
 		switch {
 		case seen[f]:
 		case slices.Contains(inMaps[f.Frontend], f.Backend):
-		case isListed[f]:
+		case isListed[f], pods[f.Backend.Addr]:
 			draining = append(draining, f)
 		default:
 			gone = append(gone, f)
@@ -136,4 +138,22 @@ func goneTCP(left []bpf.DNATFlows, inMaps map[bpf.FrontendKey][]bpf.BackendValue
 		seen[f] = true
 	}
 	return gone, draining
+}
+
+// podAddresses returns the addresses of the pods that hold one and are not being
+// deleted: a backend at such an address still runs, whatever Service it left.
+func (a *Agent) podAddresses() map[netip.Addr]bool {
+	pods, _ := a.podLister.List(labels.Everything())
+	out := map[netip.Addr]bool{}
+	for _, p := range pods {
+		if p.DeletionTimestamp != nil {
+			continue
+		}
+		for _, ip := range p.Status.PodIPs {
+			if addr, err := netip.ParseAddr(ip.IP); err == nil {
+				out[addr] = true
+			}
+		}
+	}
+	return out
 }
