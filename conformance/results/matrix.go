@@ -101,8 +101,12 @@ func Headline(cols []Column, prefix string) string {
 }
 
 // Complete reports whether the column's run ran a whole profile: a run focused on a
-// few specs (a seed's pair) is in the matrix, not among the headline's rows.
+// few specs (a seed's pair) is in the matrix, not among the headline's rows, and so
+// is a run of the reference with faults on (a measurement of the specs).
 func (c Column) Complete() bool {
+	if len(c.Provenance.Faults) > 0 {
+		return false
+	}
 	for _, p := range c.Report.Profiles {
 		if !p.Claimed {
 			continue

@@ -36,6 +36,11 @@ when anything such a run was judged by (the specs, the engine, the instrument, t
 topology, the peer's driver and build) changed after the commit it ran at. Other runs
 (Calico, built from a source path) are the record of the commit they name.
 
+The reference's runs with faults on (their provenance lists them: ` + "`dpconform publish --faults`" + `)
+measure the specs, not an implementation: a spec's detection rate over repeated runs
+(docs/faults.md cites them), or the profiles that pass a fault (a blind spot the spec
+that catches it closed). They are in the matrix, not in the README's headline.
+
 Set a run of your own beside them: ` + "`dpconform matrix --beside _output/conformance docs/results`" + `.
 
 ## Runs

@@ -130,3 +130,16 @@ func TestTimingsBlockShowsTheNewest(t *testing.T) {
 		t.Errorf("TimingsBlock =\n%s\nwant\n%s", got, want)
 	}
 }
+
+// A whole-profile run of the reference with faults on measures the specs: it is in the
+// matrix, not among the headline's rows.
+func TestFaultRunsStayOutOfTheHeadline(t *testing.T) {
+	rep := report.Report{Profiles: []report.ProfileReport{{Name: conformance.Core, Claimed: true,
+		Specs: []report.SpecReport{{ID: "RESTART-ESTABLISHED", Result: conformance.Passed}}}}}
+	if !(Column{Report: rep}).Complete() {
+		t.Fatal("a whole profile without faults is not complete")
+	}
+	if (Column{Report: rep, Provenance: ledger.Provenance{Faults: []string{"unpinned-conntrack"}}}).Complete() {
+		t.Error("a run with faults on is among the headline's rows")
+	}
+}

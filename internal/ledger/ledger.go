@@ -46,6 +46,10 @@ type Provenance struct {
 	Date time.Time `json:"date"`
 	// Machine describes where it ran, for timings read from it.
 	Machine string `json:"machine,omitempty"`
+	// Faults are the reference's faults the run had on (DPC_REFDP_FAULTS): such a
+	// run is a measurement of the specs (a detection rate, a blind spot), not a
+	// result of the implementation.
+	Faults []string `json:"faults,omitempty"`
 }
 
 // Run is one run in the ledger.

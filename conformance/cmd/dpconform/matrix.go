@@ -76,9 +76,10 @@ func publish(args []string) error {
 	name := fs.String("run", "", "the run's name in the ledger, e.g. all-profiles (required)")
 	command := fs.String("command", "", "the command that runs it again (required)")
 	repo := fs.String("repo", ".", "the dpconform repository the run ran from")
+	faultList := fs.String("faults", "", "the reference's faults the run had on (DPC_REFDP_FAULTS), comma-separated: a measurement of the specs, kept out of the README's headline")
 	fs.Parse(args)
 	if fs.NArg() != 2 || *name == "" || *command == "" {
-		return errors.New("usage: dpconform publish --run NAME --command CMD [--repo DIR] OUTPUT_DIR LEDGER (e.g. _output/conformance docs/results)")
+		return errors.New("usage: dpconform publish --run NAME --command CMD [--repo DIR] [--faults F,...] OUTPUT_DIR LEDGER (e.g. _output/conformance docs/results)")
 	}
 	out, root := fs.Arg(0), fs.Arg(1)
 	report := filepath.Join(out, record.YAMLFile)
@@ -97,6 +98,9 @@ func publish(args []string) error {
 	version, _, _ := strings.Cut(rep.Implementation.Version, " ")
 	dir := filepath.Join(root, rep.Implementation.Name, version, *name)
 	p := ledger.Provenance{Commit: head, Topology: rep.Topology, Command: *command, Date: date, Machine: ledger.Machine()}
+	if *faultList != "" {
+		p.Faults = strings.Split(*faultList, ",")
+	}
 	// Everything but the docs may decide a run of the reference.
 	if err := ledger.Write(*repo, dir, report, p, []string{".", ":(exclude)docs"}); err != nil {
 		return err
