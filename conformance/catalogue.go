@@ -113,7 +113,11 @@ func catalogueEntry(s Spec, defaults map[string]string) catalogueSpec {
 		for _, k := range c.Kinds {
 			kinds = append(kinds, string(k))
 		}
-		catches = append(catches, fmt.Sprintf("`%s` (%s)", c.Fault, strings.Join(kinds, ", ")))
+		by := ""
+		if c.Runs > 1 {
+			by = fmt.Sprintf("; by chance: the self-test takes up to %d runs", c.Runs)
+		}
+		catches = append(catches, fmt.Sprintf("`%s` (%s%s)", c.Fault, strings.Join(kinds, ", "), by))
 	}
 	e.Catches = strings.Join(catches, "; ")
 	return e

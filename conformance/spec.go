@@ -25,6 +25,11 @@ import (
 type FaultCase struct {
 	Fault string
 	Kinds []FailureKind
+	// Runs, when above one, says that the spec catches the fault by chance, at a rate
+	// measured and recorded (docs/faults.md): its window is shorter than anything a
+	// probe can promise to meet, so the self-test counts the fault caught when one of
+	// this many runs catches it. Zero or one: the one run must.
+	Runs int
 }
 
 // Setup says how a spec's world starts, before its body runs. The zero Setup starts

@@ -317,12 +317,22 @@ var _ = Describe("every spec", func() {
 
 		for _, fc := range s.Catches {
 			It(s.ID+" catches the fault "+fc.Fault, func(ctx SpecContext) {
-				res := runSpec(ctx, s, fc.Fault)
-				Expect(res.Result).To(Equal(conformance.Failed), "the spec must fail against %s, but: %s %s", fc.Fault, res.Result, res.Reason)
-				kinds := res.FailedKinds()
-				Expect(slices.ContainsFunc(kinds, func(k conformance.FailureKind) bool { return slices.Contains(fc.Kinds, k) })).
-					To(BeTrue(), "it failed with %v, want one of %v: %s", kinds, fc.Kinds, res.Reason)
-			}, SpecTimeout(6*time.Minute))
+				// A fault caught by chance (FaultCase.Runs) is caught when one of its
+				// runs catches it; a run that passes is another chance, a run that
+				// fails in another way is a defect either way.
+				for run := 1; ; run++ {
+					res := runSpec(ctx, s, fc.Fault)
+					if res.Result == conformance.Passed && run < fc.Runs {
+						GinkgoWriter.Printf("%s passed against %s in run %d of up to %d: its rate is below one (docs/faults.md)\n", s.ID, fc.Fault, run, fc.Runs)
+						continue
+					}
+					Expect(res.Result).To(Equal(conformance.Failed), "the spec must fail against %s, but: %s %s", fc.Fault, res.Result, res.Reason)
+					kinds := res.FailedKinds()
+					Expect(slices.ContainsFunc(kinds, func(k conformance.FailureKind) bool { return slices.Contains(fc.Kinds, k) })).
+						To(BeTrue(), "it failed with %v, want one of %v: %s", kinds, fc.Kinds, res.Reason)
+					return
+				}
+			}, SpecTimeout(time.Duration(max(fc.Runs, 1))*6*time.Minute))
 		}
 	}
 })

@@ -29,7 +29,8 @@ func init() {
 			"so a client on each doubles the chances, and many changes make a miss unlikely without widening anything. The backend " +
 			"that comes and goes serves throughout, so a connection sent to it, before or after, is answered: only a " +
 			"frontend without backends fails one.",
-		Catches: []conformance.FaultCase{{Fault: "frontends-before-backends", Kinds: []conformance.FailureKind{matchers.KindTimeout}}},
+		// Caught in 18 of 20 runs (docs/faults.md): three runs miss about once in 1,000.
+		Catches: []conformance.FaultCase{{Fault: "frontends-before-backends", Kinds: []conformance.FailureKind{matchers.KindTimeout}, Runs: 3}},
 		Body:    backendSwitch,
 	})
 }
