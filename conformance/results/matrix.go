@@ -30,6 +30,9 @@ type Column struct {
 	// Provenance is the ledger's record of the run (zero for a run set beside the
 	// ledger).
 	Provenance ledger.Provenance
+	// Run is the run's name in the ledger (all-profiles, iptables-core, ...); empty
+	// for a run set beside it.
+	Run string
 }
 
 // Load reads the ledger at root into columns, in the ledger's order, with links
@@ -54,6 +57,7 @@ func Load(root string) ([]Column, error) {
 			Link:       filepath.ToSlash(rel),
 			Report:     rep,
 			Provenance: r.Provenance,
+			Run:        r.Name,
 		})
 	}
 	return cols, nil

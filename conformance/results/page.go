@@ -168,13 +168,30 @@ func Generate(root string) (Generated, error) {
 	if err != nil {
 		return Generated{}, err
 	}
-	var complete []Column
+	return Generated{Page: Page(root, cols), Headline: Headline(Newest(cols), ReadmeLinkPrefix), Timings: TimingsBlock(ts)}, nil
+}
+
+// Newest returns the headline's rows: of the complete runs, the newest of each
+// implementation and run name (by the provenance's date), in the order of cols. Older
+// ones stay in the ledger and its matrix, the record of the commits they name.
+func Newest(cols []Column) []Column {
+	newest := map[string]Column{}
+	key := func(c Column) string { return c.Report.Implementation.Name + "/" + c.Run }
 	for _, c := range cols {
-		if c.Complete() {
-			complete = append(complete, c)
+		if !c.Complete() {
+			continue
+		}
+		if n, ok := newest[key(c)]; !ok || c.Provenance.Date.After(n.Provenance.Date) {
+			newest[key(c)] = c
 		}
 	}
-	return Generated{Page: Page(root, cols), Headline: Headline(complete, ReadmeLinkPrefix), Timings: TimingsBlock(ts)}, nil
+	var out []Column
+	for _, c := range cols {
+		if n, ok := newest[key(c)]; ok && n.Link == c.Link {
+			out = append(out, c)
+		}
+	}
+	return out
 }
 
 // ApplyToReadme puts the headline and timings blocks into the README's text.

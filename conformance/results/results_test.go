@@ -3,8 +3,10 @@ package results
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/conformance/report"
@@ -141,5 +143,26 @@ func TestFaultRunsStayOutOfTheHeadline(t *testing.T) {
 	}
 	if (Column{Report: rep, Provenance: ledger.Provenance{Faults: []string{"unpinned-conntrack"}}}).Complete() {
 		t.Error("a run with faults on is among the headline's rows")
+	}
+}
+
+// The headline has the newest complete run of each implementation and run name.
+func TestHeadlineHasTheNewestRun(t *testing.T) {
+	whole := report.Report{Implementation: report.Implementation{Name: "refdp"}, Profiles: []report.ProfileReport{{Name: conformance.Core, Claimed: true,
+		Specs: []report.SpecReport{{ID: "RESTART-ESTABLISHED", Result: conformance.Passed}}}}}
+	at := func(day int) ledger.Provenance {
+		return ledger.Provenance{Date: time.Date(2026, 12, day, 0, 0, 0, 0, time.UTC)}
+	}
+	cols := []Column{
+		{Link: "refdp/a/all-profiles/report.yaml", Run: "all-profiles", Report: whole, Provenance: at(5)},
+		{Link: "refdp/b/all-profiles/report.yaml", Run: "all-profiles", Report: whole, Provenance: at(1)},
+		{Link: "refdp/b/core/report.yaml", Run: "core", Report: whole, Provenance: at(1)},
+	}
+	var got []string
+	for _, c := range Newest(cols) {
+		got = append(got, c.Link)
+	}
+	if want := []string{"refdp/a/all-profiles/report.yaml", "refdp/b/core/report.yaml"}; !slices.Equal(got, want) {
+		t.Errorf("Newest = %v, want %v", got, want)
 	}
 }
