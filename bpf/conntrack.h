@@ -139,6 +139,13 @@ static __always_inline void ct_to_v2(struct ct_value_v2 *o, const struct ct_valu
 	o->snat_port = v->snat_port;
 }
 
+/* A fault switch of the reference's self-test ("no-ct-mirror",
+ * bpf.Options.NoCTMirror), set at load time; while it is 0 the verifier
+ * prunes the fault's code. With it, ct_mirror writes nothing: a flow a new
+ * program opens while an old program still runs on another hook is unknown
+ * to that old program (a SYN-ACK leaves unNATed). */
+volatile const __u32 dpc_fault_no_ct_mirror = 0;
+
 /* ct_mirror writes the entry v of k, as a program of this load has just
  * created or changed it in dpc_conntrack, into the previous map too while
  * one is in its slot, in that map's format. The previous run's programs may
@@ -154,6 +161,8 @@ static __always_inline void ct_mirror(const struct ct_key *k, const struct ct_va
 	__u32 zero = 0;
 	void *prev;
 
+	if (dpc_fault_no_ct_mirror)
+		return;
 	prev = bpf_map_lookup_elem(&dpc_ct_prev_v1, &zero);
 	if (prev) {
 		ct_to_v1(&o1, v);

@@ -34,6 +34,7 @@ const (
 	datapathV1ProgTcHostEgress             = "tc_host_egress"
 	datapathV1ProgTcHostIngress            = "tc_host_ingress"
 	datapathV1VarDpcCtMigration            = "dpc_ct_migration"
+	datapathV1VarDpcFaultNoCtMirror        = "dpc_fault_no_ct_mirror"
 	datapathV1VarDpcFaultSnatPortUnchecked = "dpc_fault_snat_port_unchecked"
 )
 
@@ -109,6 +110,7 @@ type datapathV1MapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathV1VariableSpecs struct {
 	DpcCtMigration            *ebpf.VariableSpec `ebpf:"dpc_ct_migration"`
+	DpcFaultNoCtMirror        *ebpf.VariableSpec `ebpf:"dpc_fault_no_ct_mirror"`
 	DpcFaultSnatPortUnchecked *ebpf.VariableSpec `ebpf:"dpc_fault_snat_port_unchecked"`
 }
 
@@ -168,6 +170,7 @@ func (m *datapathV1Maps) Close() error {
 // It can be passed to loadDatapathV1Objects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathV1Variables struct {
 	DpcCtMigration            *ebpf.Variable `ebpf:"dpc_ct_migration"`
+	DpcFaultNoCtMirror        *ebpf.Variable `ebpf:"dpc_fault_no_ct_mirror"`
 	DpcFaultSnatPortUnchecked *ebpf.Variable `ebpf:"dpc_fault_snat_port_unchecked"`
 }
 

@@ -34,6 +34,7 @@ const (
 	datapathV2ProgTcHostEgress             = "tc_host_egress"
 	datapathV2ProgTcHostIngress            = "tc_host_ingress"
 	datapathV2VarDpcCtMigration            = "dpc_ct_migration"
+	datapathV2VarDpcFaultNoCtMirror        = "dpc_fault_no_ct_mirror"
 	datapathV2VarDpcFaultSnatPortUnchecked = "dpc_fault_snat_port_unchecked"
 )
 
@@ -109,6 +110,7 @@ type datapathV2MapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type datapathV2VariableSpecs struct {
 	DpcCtMigration            *ebpf.VariableSpec `ebpf:"dpc_ct_migration"`
+	DpcFaultNoCtMirror        *ebpf.VariableSpec `ebpf:"dpc_fault_no_ct_mirror"`
 	DpcFaultSnatPortUnchecked *ebpf.VariableSpec `ebpf:"dpc_fault_snat_port_unchecked"`
 }
 
@@ -168,6 +170,7 @@ func (m *datapathV2Maps) Close() error {
 // It can be passed to loadDatapathV2Objects or ebpf.CollectionSpec.LoadAndAssign.
 type datapathV2Variables struct {
 	DpcCtMigration            *ebpf.Variable `ebpf:"dpc_ct_migration"`
+	DpcFaultNoCtMirror        *ebpf.Variable `ebpf:"dpc_fault_no_ct_mirror"`
 	DpcFaultSnatPortUnchecked *ebpf.Variable `ebpf:"dpc_fault_snat_port_unchecked"`
 }
 

@@ -78,6 +78,11 @@ type Options struct {
 	// flow holding it is over, so under port pressure it steals the port of
 	// a live flow.
 	SNATPortUnchecked bool
+	// NoCTMirror is a fault switch ("no-ct-mirror"), off by default: while a
+	// previous conntrack map is being migrated, the programs do not mirror
+	// what they create into it, so a flow that a new program opens is unknown
+	// to an old program still attached on another hook (see MigrateConntrack).
+	NoCTMirror bool
 	// ForceClsact attaches with clsact tc filters even where the kernel has
 	// tcx links.
 	ForceClsact bool
@@ -235,6 +240,12 @@ func Open(pinDir string, opts Options) (*Datapath, error) {
 	if opts.SNATPortUnchecked {
 		if err := spec.Variables[datapathV2VarDpcFaultSnatPortUnchecked].Set(uint32(1)); err != nil {
 			return nil, fmt.Errorf("set the fault snat-port-unchecked: %w", err)
+		}
+	}
+
+	if opts.NoCTMirror {
+		if err := spec.Variables[datapathV2VarDpcFaultNoCtMirror].Set(uint32(1)); err != nil {
+			return nil, fmt.Errorf("set the fault no-ct-mirror: %w", err)
 		}
 	}
 

@@ -513,6 +513,33 @@ func TestMixedHooksDuringMigration(t *testing.T) {
 	}
 }
 
+// TestNoCTMirrorFault: with the fault no-ct-mirror, what a new program opens
+// while the previous map is in its slot stays out of it: an old program on the
+// other hook does not know the flow, and the SYN-ACK of a ClusterIP flow leaves
+// with the backend's address, that of a NodePort flow without its SNAT undone.
+func TestNoCTMirrorFault(t *testing.T) {
+	requireBPF(t)
+	dir := bpffs(t)
+	old := nodeWithFlows(t, dir, Options{ConntrackSize: 1024})
+	d := open(t, dir, Options{ConntrackSize: 2048, NoCTMirror: true})
+
+	client := "10.244.0.5:41001"
+	r, got := runPacket(t, d.objs.TcEpIngress, tcp(client, clusterIP, tcpSYN))
+	expect(t, "SYN through the new ingress", r, got, tcActOK, MarkSeen, client, remotePod)
+	r, got = runPacket(t, old.objs.TcEpEgress, tcp(remotePod, client, tcpSYN|tcpACK))
+	if r.Ret == tcActOK && got.Src.String() == clusterIP {
+		t.Errorf("SYN-ACK through the old egress left from %s: the flow was mirrored with the fault on", got.Src)
+	}
+
+	ext := "10.200.0.9:52000"
+	r, got = runPacket(t, d.objs.TcHostIngress, tcp(ext, nodePort, tcpSYN))
+	expect(t, "NodePort SYN through the new host ingress", r, got, tcActOK, MarkSeen, ext, remotePod)
+	r, got = runPacket(t, old.objs.TcHostEgress, got)
+	if r.Ret == tcActOK && got.Src.Addr() == ip(hostIP) {
+		t.Errorf("NodePort SYN through the old host egress was SNATed to %s: the flow was mirrored with the fault on", got.Src)
+	}
+}
+
 // The copy's chunk in Go is the one the program counts to (conntrack.h).
 func TestMigrateChunkMatchesHeader(t *testing.T) {
 	h, err := os.ReadFile("conntrack.h")

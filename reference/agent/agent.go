@@ -196,6 +196,7 @@ func Run(ctx context.Context, cfg Config) error {
 		UnpinnedConntrack:    cfg.Faults.Has(faults.UnpinnedConntrack),
 		NoConntrackMigration: cfg.Faults.Has(faults.NoCTMigration),
 		SNATPortUnchecked:    cfg.Faults.Has(faults.SNATPortUnchecked),
+		NoCTMirror:           cfg.Faults.Has(faults.NoCTMirror),
 	})
 	if err != nil {
 		return err

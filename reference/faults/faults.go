@@ -155,6 +155,12 @@ const (
 	// map without copying it: every flow that needs its conntrack entry (NAT)
 	// breaks on the upgrade.
 	NoCTMigration = "no-ct-migration"
+	// NoCTMirror: while a previous conntrack map is being migrated, the new
+	// programs do not write what they create into it, so a flow that a new
+	// program opens on one hook is unknown to an old program still attached on
+	// another: in the moment between the attach of an interface's two programs,
+	// a SYN-ACK leaves unNATed and the client resets it.
+	NoCTMirror = "no-ct-mirror"
 )
 
 var known = map[string]string{
@@ -187,6 +193,7 @@ var known = map[string]string{
 	SNATPortUnchecked:                "with no free SNAT port, a new NodePort flow takes over its first candidate without checking the flow holding it is over",
 	CTCopyBeforeAttach:               "a resized or upgraded conntrack map is copied before the new programs are attached: what the old programs write meanwhile is lost",
 	NoCTMigration:                    "a resized or upgraded conntrack map starts empty: the previous one is dropped, not migrated",
+	NoCTMirror:                       "during a conntrack migration the new programs do not mirror new flows into the previous map: an old program on the other hook of an interface misses them",
 }
 
 // Set is a set of enabled faults.
