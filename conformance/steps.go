@@ -62,6 +62,15 @@ func UpgradeAgent(n topologies.Node, crash bool) Step {
 	}}
 }
 
+// RollBackAgent stops the agent on n gracefully and starts it with the spec's
+// Setup.Start options again (what it ran before an UpgradeAgent: the upgrade rolled
+// back), then waits until it is ready; later starts of n keep those options.
+func RollBackAgent(n topologies.Node) Step {
+	return Step{"roll back the agent on " + n.Name() + " (graceful stop, then a start with the spec's start options)", func(ctx context.Context, e *Env) error {
+		return e.World.Upgrade(ctx, n, false, e.World.StartOptions)
+	}}
+}
+
 // ReleaseHeld tells the traffic's connect probes with Hold to hold no more of the
 // connections they open (harness.World.ReleaseHeld), recording holds-released:
 // what was opened up to now is held to the end and checked then.
