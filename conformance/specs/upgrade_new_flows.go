@@ -34,7 +34,7 @@ func init() {
 			"other): a flow that a new program opens must be known to the old one on the way back, or the SYN-ACK leaves unNATed. " +
 			"That one is the implementation's own, from about 100 µs to a few ms (refdp's, measured: the host interface's 128 µs to 3.2 ms, " +
 			"an endpoint's 46 to 566 µs), and a connection is lost only if its SYN and SYN-ACK fall in it. One upgrade with a connection " +
-			"every 2 ms on each path met it in 3 of 10 runs; a connection every 250 µs more on the path through the host interface, " +
+			"every 2 ms on each path met it in 7 of 20 runs; a connection every 250 µs more on the path through the host interface, " +
 			"whose window is the longest, and six migrations instead of one (a real upgrade rolled back and redone) meet it in " +
 			"nearly every run without widening it: each migration is a fresh draw of its own windows.",
 		Catches: []conformance.FaultCase{
