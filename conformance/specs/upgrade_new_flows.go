@@ -39,7 +39,9 @@ func init() {
 			"nearly every run without widening it: each migration is a fresh draw of its own windows.",
 		Catches: []conformance.FaultCase{
 			{Fault: "ct-copy-before-attach", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindTimeout, matchers.KindNotAlive}},
-			{Fault: "no-ct-mirror", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindTimeout}},
+			// Caught in 30 of 30 runs (docs/faults.md), but each migration meets its
+			// window by chance: a second run makes a miss of the self-test rare.
+			{Fault: "no-ct-mirror", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindTimeout}, Runs: 2},
 		},
 		// Sizes well above what the run's some 150,000 connections fill: a table that
 		// evicted the silent held connections would fail the clean reference.
