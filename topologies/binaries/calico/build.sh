@@ -18,10 +18,14 @@
 #                    metadata.mk names (LIBBPF_VERSION); without it the tree's own
 #                    felix/bpf-gpl/libbpf is used, else it is cloned from GitHub as
 #                    Calico's Makefile does
+#   CALICO_PATCH     a unified diff (paths from the tree's root, applied with -p1) to
+#                    apply to the copy: a change the tree does not have, e.g. one of
+#                    topologies/binaries/calico/patches/; the version gains
+#                    "+<patch name>" and BUILDINFO names the patch and its SHA-256
 #   DPC_CACHE_DIR    the cache root (default ${XDG_CACHE_HOME:-~/.cache}/dpconform)
 #
 # Debian packages it needs (clang-19, llvm-19, libpcap-dev, libelf-dev, zlib1g-dev,
-# make, gcc, git) are installed when missing.
+# make, gcc, git, patch) are installed when missing.
 set -euo pipefail
 
 die() { echo "calico: $*" >&2; exit 1; }
@@ -36,7 +40,7 @@ done
 
 # The toolchain Calico's build image has, from Debian: clang/llc 19 for the BPF
 # programs (the image has LLVM 18), libpcap for Felix's cgo, libelf and zlib for libbpf.
-pkgs="clang-19 llvm-19 libpcap-dev libelf-dev zlib1g-dev make gcc git"
+pkgs="clang-19 llvm-19 libpcap-dev libelf-dev zlib1g-dev make gcc git patch"
 missing=$(for p in $pkgs; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || echo "$p"; done)
 if [ -n "$missing" ]; then
 	echo "calico: installing $(echo $missing)"
@@ -59,6 +63,14 @@ fi
 case "$version" in
 */* | .* | "") die "version \"$version\" cannot name a directory: set CALICO_VERSION" ;;
 esac
+patch_name=""
+if [ -n "${CALICO_PATCH:-}" ]; then
+	[ -f "$CALICO_PATCH" ] || die "CALICO_PATCH=$CALICO_PATCH is not a file"
+	CALICO_PATCH=$(cd "$(dirname "$CALICO_PATCH")" && pwd)/$(basename "$CALICO_PATCH")
+	patch_name=$(basename "$CALICO_PATCH" .patch)
+	patch_sum=$(sha256sum "$CALICO_PATCH" | cut -d' ' -f1)
+	version="$version+$patch_name"
+fi
 libbpf_version=$(sed -n 's/^LIBBPF_VERSION=//p' "$src/metadata.mk")
 [ -n "$libbpf_version" ] || die "$src/metadata.mk names no LIBBPF_VERSION"
 
@@ -84,6 +96,11 @@ stage="$build/out"
 mkdir -p "$tree" "$stage/bin" "$stage/cni" "$stage/bpf" "$stage/crds"
 echo "calico $version (commit $commit${dirty:+, with uncommitted changes}) from $src -> $out"
 tar -C "$src" --exclude=./.git -cf - . | tar -C "$tree" -xf -
+if [ -n "$patch_name" ]; then
+	patch -p1 -s --forward --no-backup-if-mismatch -d "$tree" <"$CALICO_PATCH" ||
+		die "CALICO_PATCH=$CALICO_PATCH does not apply to $src (commit $commit)"
+	echo "  patched: $patch_name"
+fi
 
 # libbpf, at the version the tree names, where Felix's cgo and the BPF programs find it.
 lb="$tree/felix/bpf-gpl/libbpf"
@@ -142,9 +159,27 @@ for attempt in $(seq 1 60); do
 done
 
 t=$SECONDS
+# The programs include <linux/bpf.h>, whose <asm/types.h> Debian keeps under the
+# multiarch directory (/usr/include/x86_64-linux-gnu), which clang does not search for
+# the bpf target; Calico's build image has it in /usr/include. Searched last, so the
+# tree's own headers (libbpf's) win.
+bpfcc="clang-19 -idirafter /usr/include/$(gcc -dumpmachine)"
+link=()
+# A tree whose build image has a newer LLVM than 19 (metadata.mk's LLVM_VERSION; v3.33
+# on: 21) is written for it: LLVM 20 made BPF CPU v3 the default (its 32-bit atomics,
+# which v3.33's conntrack cleanup uses), and its Makefile links with
+# -bpf-disable-trap-unreachable, which undoes a trap LLVM 21 adds after every
+# __builtin_unreachable() and which llc-19, adding none, does not know. Build it as that
+# LLVM would: CPU v3, and no flag for a trap that is not there.
+tree_llvm=$(sed -n 's/^LLVM_VERSION=//p' metadata.mk)
+if [ "${tree_llvm%%.*}" -gt 19 ] 2>/dev/null; then
+	bpfcc="$bpfcc -mcpu=v3"
+	link=('LINK=$(LD) -march=$(BPF_TARGET) -mcpu=v3 -filetype=obj -o $@ $<')
+	echo "  BPF objects: for LLVM $tree_llvm with llc-19: CPU v3, linked without -bpf-disable-trap-unreachable"
+fi
 # bpf-gpl's calculate-flags prints a line per object: only errors are worth showing.
-make -s -j"$(nproc)" -C felix/bpf-apache CC=clang-19 LD=llc-19 all 2>&1 | { grep -v '^Flags: \|cannot access .\*\.d.' || :; }
-make -s -j"$(nproc)" -C felix/bpf-gpl CC=clang-19 LD=llc-19 all 2>&1 | { grep -v '^Flags: \|cannot access .\*\.d.' || :; }
+make -s -j"$(nproc)" -C felix/bpf-apache CC="$bpfcc" LD=llc-19 all 2>&1 | { grep -v '^Flags: \|cannot access .\*\.d.' || :; }
+make -s -j"$(nproc)" -C felix/bpf-gpl CC="$bpfcc" LD=llc-19 "${link[@]}" all 2>&1 | { grep -v '^Flags: \|cannot access .\*\.d.' || :; }
 cp felix/bpf-apache/bin/*.o felix/bpf-gpl/bin/*.o "$stage/bpf/"
 echo "  BPF objects: $(ls "$stage/bpf" | wc -l) built in $((SECONDS - t)) s"
 
@@ -170,6 +205,7 @@ q() { printf "'%s'" "${1//\'/\'\'}"; }
 	echo "version: $(q "$version")"
 	echo "commit: $(q "$commit")"
 	echo "dirty: $([ -n "$dirty" ] && echo true || echo false)"
+	[ -z "$patch_name" ] || echo "patch: $(q "$patch_name (sha256 $patch_sum)")"
 	echo "libbpf: $(q "$libbpf_version")"
 	echo "go: $(q "$(go env GOVERSION)")"
 	echo "clang: $(q "$(clang-19 --version | head -1)")"
