@@ -32,7 +32,10 @@ type BuildInfo struct {
 	// Commit is the source tree's git commit, "unknown" for a tree without git.
 	Commit string `json:"commit"`
 	// Dirty says the tree had uncommitted changes to tracked files.
-	Dirty  bool   `json:"dirty"`
+	Dirty bool `json:"dirty"`
+	// Patch names the patch make calico applied to the tree (CALICO_PATCH), with its
+	// SHA-256: a change the commit does not have.
+	Patch  string `json:"patch,omitempty"`
 	LibBPF string `json:"libbpf"`
 	Go     string `json:"go"`
 	Clang  string `json:"clang"`
@@ -78,6 +81,9 @@ func (b *Build) Describe() string {
 	var notes []string
 	if b.Commit != "unknown" {
 		notes = append(notes, "commit "+b.Commit)
+	}
+	if b.Patch != "" {
+		notes = append(notes, "patched: "+b.Patch)
 	}
 	if len(b.Pinned) > 0 {
 		notes = append(notes, fmt.Sprintf("%d dependencies at other patch versions: %s", len(b.Pinned), strings.Join(b.Pinned, ", ")))

@@ -110,6 +110,8 @@ func TestDescribe(t *testing.T) {
 	}{
 		{BuildInfo{Version: "v3.31.6", Commit: "cc4364f81fbb"}, "v3.31.6 (commit cc4364f81fbb)"},
 		{BuildInfo{Version: "v3.31.6", Commit: "unknown"}, "v3.31.6"},
+		{BuildInfo{Version: "v3.33.0-0.dev-1478-g6609dea54713+seed2-forward-fallthrough-accept", Commit: "6609dea54713", Patch: "seed2-forward-fallthrough-accept (sha256 ab12)"},
+			"v3.33.0-0.dev-1478-g6609dea54713+seed2-forward-fallthrough-accept (commit 6609dea54713; patched: seed2-forward-fallthrough-accept (sha256 ab12))"},
 		{BuildInfo{Version: "v3.31.5", Commit: "2e4da40144aa", Pinned: []string{"k8s.io/kubernetes v1.33.10 -> v1.33.9", "k8s.io/kubelet v0.33.10 -> v0.33.9"}},
 			"v3.31.5 (commit 2e4da40144aa; 2 dependencies at other patch versions: k8s.io/kubernetes v1.33.10 -> v1.33.9, k8s.io/kubelet v0.33.10 -> v0.33.9)"},
 	} {
@@ -218,7 +220,7 @@ func TestInfo(t *testing.T) {
 	if out["cni_dir"] != filepath.Join(dir, "cni") {
 		t.Errorf("cni_dir = %v, want the build's cni/", out["cni_dir"])
 	}
-	if got, _ := json.Marshal(out["profiles"]); string(got) != `["Core","Policy"]` {
+	if got, _ := json.Marshal(out["profiles"]); string(got) != `["Core","ModeSwitch","Policy"]` {
 		t.Errorf("profiles = %s", got)
 	}
 	if got, _ := json.Marshal(out["features"]); string(got) != `["ClusterIP","NetworkPolicy","NodePort","NodePortRemoteBackend","TCP","UDP"]` {

@@ -79,7 +79,11 @@ func info(context.Context) (driver.Info, error) {
 	return driver.Info{
 		Name:     "calico",
 		Version:  b.Describe(),
-		Profiles: []string{"Core", "Policy"},
+		// ModeSwitch: Felix in eBPF mode takes a node over from kube-proxy in iptables
+		// mode as Calico documents the manual switch (kube-proxy stopped, Felix started
+		// with its kube-proxy clean-up at its default, on), which is what the suite's
+		// Switch step does (docs/calico.md).
+		Profiles: []string{"Core", "ModeSwitch", "Policy"},
 		Features: features,
 		CNI:      cniConfig(),
 		CNIDir:   b.CNIDir(),
