@@ -80,6 +80,9 @@ func (w *World) StartKubeProxy(ctx context.Context, n topologies.Node) error {
 	if err := localPodsOnly(ctx, n); err != nil {
 		return err
 	}
+	if err := defaultRoute(ctx, n); err != nil {
+		return err
+	}
 	w.mu.Lock()
 	if w.kubeProxy == nil {
 		w.kubeProxy = map[string]*kubeproxy.Fixture{}
@@ -120,6 +123,28 @@ func localPodsOnly(ctx context.Context, n topologies.Node) error {
 		if out, err := topologies.Output(ctx, n, "iptables", append([]string{"-w", "5"}, args...)...); err != nil {
 			return fmt.Errorf("FORWARD on %s (iptables %s): %w: %s", n.Name(), strings.Join(args, " "), err, out)
 		}
+	}
+	return nil
+}
+
+// defaultRoute gives n a default route out of eth0, as a node of a real cluster has
+// one, if it has none. A CNI that gives its pods a link-local gateway answered by
+// proxy ARP (Calico's 169.254.1.1) needs it: the kernel answers ARP by proxy only for
+// an address it has a route to through another interface. Before a switch no
+// dataplane answers for that gateway (Felix in eBPF mode does, once it runs), so
+// without the route the node's pods reach nothing. The route has no gateway: what it
+// carries is ARPed for on the node's network, which holds only the suite's hosts, and
+// goes no further.
+func defaultRoute(ctx context.Context, n topologies.Node) error {
+	out, err := topologies.Output(ctx, n, "ip", "-4", "route", "show", "default")
+	if err != nil {
+		return fmt.Errorf("routes of %s: %w: %s", n.Name(), err, out)
+	}
+	if strings.TrimSpace(string(out)) != "" {
+		return nil
+	}
+	if out, err := topologies.Output(ctx, n, "ip", "-4", "route", "add", "default", "dev", "eth0"); err != nil {
+		return fmt.Errorf("default route on %s: %w: %s", n.Name(), err, out)
 	}
 	return nil
 }
