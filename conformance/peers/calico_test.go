@@ -25,12 +25,14 @@ import (
 const envCalicoDirs = "DPC_CALICO_DIR"
 
 // calicoJudgement is what the suite must conclude on one spec against a Calico
-// version: pass (Fails nil), or fail with those kinds only; with MayPass, pass or
-// fail with those kinds only (a real bug the spec catches only now and then, with
-// its detection rate in docs/calico.md).
+// version: pass (Fails nil), or fail with those kinds only, among them each of Must
+// (the bug's own, where the spec also fails for a finding both sides share); with
+// MayPass, pass or fail with those kinds only (a real bug the spec catches only now
+// and then, with its detection rate in docs/calico.md).
 type calicoJudgement struct {
 	Spec    string
 	Fails   []conformance.FailureKind
+	Must    []conformance.FailureKind
 	MayPass bool
 }
 
@@ -56,6 +58,21 @@ var calicoJudged = map[string][]calicoJudgement{
 		{Spec: "ORDER-NEW-ENDPOINT", Fails: []conformance.FailureKind{matchers.KindLost}, MayPass: true},
 	},
 	"v3.32.0-0.dev-964-g96a28e38facf": {{Spec: "ORDER-NEW-ENDPOINT"}},
+	// Seed 2 (Calico PR 13778, whose fix no snapshot here holds): in eBPF mode
+	// FORWARD has no accept for the packets of flows that pre-date the programs, so
+	// once Felix removes KUBE-FORWARD a NodePort flow to a remote backend opened
+	// through kube-proxy is dropped. release-v3.33 at 6609dea54713 as it is, and with
+	// the accept the seed describes (topologies/binaries/calico/patches). Both leave
+	// kube-proxy chains Felix's clean-up does not know (rules-left), a finding of
+	// their own (docs/calico.md, "Seed 2").
+	"v3.33.0-0.dev-1478-g6609dea54713": {
+		{Spec: "SWITCH-NODEPORT-REMOTE", Fails: []conformance.FailureKind{matchers.KindGap, matchers.KindNotAlive, conformance.KindRulesLeft},
+			Must: []conformance.FailureKind{matchers.KindNotAlive}},
+		{Spec: "SWITCH-NODEPORT-LOCAL", Fails: []conformance.FailureKind{conformance.KindRulesLeft}},
+	},
+	"v3.33.0-0.dev-1478-g6609dea54713+seed2-forward-fallthrough-accept": {
+		{Spec: "SWITCH-NODEPORT-REMOTE", Fails: []conformance.FailureKind{conformance.KindRulesLeft}},
+	},
 }
 
 // calicoBuild is a `make calico` directory: its version and commit (BUILDINFO).
@@ -136,6 +153,9 @@ var _ = Describe("Calico", Label("calico"), Ordered, func() {
 				Expect(res.Result).To(Equal(conformance.Failed), "Calico %s must fail %s with %v (docs/calico.md): the suite no longer catches its bug\n%s", b.Version, j.Spec, j.Fails, res.Message)
 				for _, k := range res.FailedKinds() {
 					Expect(j.Fails).To(ContainElement(k), "%s failed against Calico %s in a way docs/calico.md does not document: %s\n%s", j.Spec, b.Version, res.Reason, res.Message)
+				}
+				for _, k := range j.Must {
+					Expect(res.FailedKinds()).To(ContainElement(k), "%s failed against Calico %s, but not by %s: the suite no longer catches its bug (docs/calico.md)\n%s", j.Spec, b.Version, k, res.Message)
 				}
 			}, SpecTimeout(6*time.Minute))
 		}
