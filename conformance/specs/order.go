@@ -244,13 +244,15 @@ func addr(ip netip.Addr) string { return fmt.Sprintf("%s:%d", ip, orderPort) }
 // newcomer is a step that creates pod name with labels on node-a and starts probe cfg
 // in it as soon as its sandbox is wired, before the API tells anyone its IP. The
 // probe's process is stored in proc.
-func newcomer(e *conformance.Env, o *orderWorld, name string, labels map[string]string, cfg probe.Config, proc **probe.Process) []conformance.Step {
+func newcomer(e *conformance.Env, o *orderWorld, name string, labels map[string]string, cfg probe.Config, procs *[]*probe.Process) []conformance.Step {
 	return []conformance.Step{
 		conformance.Record(EventPodCreating, name),
 		conformance.AddPod(topologies.PodSpec{Name: name, Namespace: orderNamespace, Node: o.node.Name(), Labels: labels,
 			OnWired: func(ctx context.Context, p topologies.Pod) error {
-				var err error
-				*proc, err = e.World.StartProbe(ctx, p, cfg)
+				proc, err := e.World.StartProbe(ctx, p, cfg)
+				if err == nil {
+					*procs = append(*procs, proc)
+				}
 				return err
 			}}, nil),
 	}
@@ -282,29 +284,11 @@ func arrivals(e *conformance.Env, o *orderWorld, role string, to ...topologies.P
 	var names []string
 	for i := range newcomers {
 		name := fmt.Sprintf("newcomer-%d", i+1)
-		proc := new(*probe.Process)
-		steps = append(steps, newcomer(e, o, name, map[string]string{roleLabel: role}, udpTo(e, name, to...), proc)...)
-		steps = append(steps, conformance.Do("wait until "+name+" reaches D, then stop its probe", func(ctx context.Context, e *conformance.Env) error {
-			wctx, cancel := context.WithTimeout(ctx, e.Budgets.PolicyProgrammed)
-			defer cancel()
-			// D's server records the pod's datagrams: no other probe adds to the load.
-			if _, err := e.World.Timeline().Await(wctx, func(ev probe.Event) bool {
-				return ev.Kind == probe.KindRecv && ev.From == name && ev.Target == o.d.Name()
-			}); err != nil {
-				if ctx.Err() != nil {
-					return ctx.Err()
-				}
-				return fmt.Errorf("%w: no datagram of %s reached D within %s of its pod-added", workloads.ErrNotFlowing, name, e.Budgets.PolicyProgrammed)
-			}
-			e.Record(EventPodLive, name)
-			if err := conformance.Hold(ctx, newcomerLive); err != nil {
-				return err
-			}
-			if err := e.World.StopProbe(ctx, *proc); err != nil {
-				return fmt.Errorf("%w: stop %s's probe: %w", conformance.ErrEnvironment, name, err)
-			}
-			return nil
-		}))
+		procs := new([]*probe.Process)
+		steps = append(steps, newcomer(e, o, name, map[string]string{roleLabel: role}, udpTo(e, name, to...), procs)...)
+		// D's server records the pod's datagrams: no other probe adds to the load.
+		steps = append(steps, reachedThenStop("wait until "+name+" reaches D, then stop its probe", EventPodLive, name,
+			"its pod was never wired, or never allowed to D", [][2]string{{name, o.d.Name()}}, procs))
 		names = append(names, name)
 	}
 	return steps, names

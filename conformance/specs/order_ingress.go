@@ -80,11 +80,11 @@ func newServer(e *conformance.Env, o *orderWorld, name string, clients []client,
 	}
 }
 
-// reachedThenStop is a step that waits until each flow's sender reaches its
-// destination (a KindRecv from that probe at that label), within policy-programmed,
-// records what (an event named event), holds newcomerLive and stops procs. why says
-// what a flow that never arrives means.
-func reachedThenStop(what, event, why string, flows [][2]string, procs *[]*probe.Process) conformance.Step {
+// reachedThenStop is a step (named what) that waits until each flow's sender reaches
+// its destination (a KindRecv from that probe at that label), within
+// policy-programmed, records event with detail, holds newcomerLive and stops procs.
+// why says what a flow that never arrives means.
+func reachedThenStop(what, event, detail, why string, flows [][2]string, procs *[]*probe.Process) conformance.Step {
 	return conformance.Do(what, func(ctx context.Context, e *conformance.Env) error {
 		for _, f := range flows {
 			wctx, cancel := context.WithTimeout(ctx, e.Budgets.PolicyProgrammed)
@@ -99,7 +99,7 @@ func reachedThenStop(what, event, why string, flows [][2]string, procs *[]*probe
 				return fmt.Errorf("%w: nothing of %s reached %s within %s: %s", workloads.ErrNotFlowing, f[0], f[1], e.Budgets.PolicyProgrammed, why)
 			}
 		}
-		e.Record(event, what)
+		e.Record(event, detail)
 		if err := conformance.Hold(ctx, newcomerLive); err != nil {
 			return err
 		}
@@ -141,7 +141,8 @@ func newEndpointIngress(ctx context.Context, e *conformance.Env) error {
 		}
 		procs := new([]*probe.Process)
 		steps = append(steps, newServer(e, o, name, c, procs)...)
-		steps = append(steps, reachedThenStop("wait until the friend on "+other+" reaches "+name+", then stop its clients", EventPodLive,
+		what := "wait until the friend on " + other + " reaches " + name + ", then stop its clients"
+		steps = append(steps, reachedThenStop(what, EventPodLive, what,
 			"the new server never got its policy", [][2]string{{c[2].name, name}}, procs))
 		strangers = append(strangers, c[0].name, c[1].name)
 		checks = append(checks, conformance.Check{Name: "the friend on " + other + " reaches " + name + " once it is programmed, and from then on",

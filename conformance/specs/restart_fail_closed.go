@@ -8,7 +8,6 @@ import (
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/probe"
-	"github.com/dpconform/dpconform/topologies"
 )
 
 func init() {
@@ -107,18 +106,7 @@ func newLatePods(round int) latePods {
 func (l latePods) steps(e *conformance.Env, o *orderWorld) []conformance.Step {
 	restrictedProbe := probe.UDP{Name: l.restricted, Interval: e.Budgets.ConnectInterval, To: []probe.Destination{
 		{Label: o.x.Name(), Addr: addr(o.x.IP())}, {Label: o.d.Name(), Addr: addr(o.d.IP())}}}
-	steps := []conformance.Step{
-		conformance.Record(EventPodCreating, l.restricted),
-		conformance.AddPod(topologies.PodSpec{Name: l.restricted, Namespace: orderNamespace, Node: o.node.Name(),
-			Labels: map[string]string{roleLabel: restricted},
-			OnWired: func(ctx context.Context, p topologies.Pod) error {
-				proc, err := e.World.StartProbe(ctx, p, restrictedProbe)
-				if err == nil {
-					*l.procs = append(*l.procs, proc)
-				}
-				return err
-			}}, nil),
-	}
+	steps := newcomer(e, o, l.restricted, map[string]string{roleLabel: restricted}, restrictedProbe, l.procs)
 	return append(steps, newServer(e, o, l.server, []client{{from: o.str, name: l.stranger, newSocket: true}, {from: o.friend, name: l.friend}}, l.procs)...)
 }
 
@@ -126,7 +114,8 @@ func (l latePods) steps(e *conformance.Env, o *orderWorld) []conformance.Step {
 // reaches D and the friend the new server, each within policy-programmed of ready),
 // then stops their probes.
 func (l latePods) programmed(o *orderWorld) conformance.Step {
-	return reachedThenStop("wait until "+l.restricted+" reaches D and the friend "+l.server+", then stop their probes", EventPodProgrammed,
+	what := "wait until " + l.restricted + " reaches D and the friend " + l.server + ", then stop their probes"
+	return reachedThenStop(what, EventPodProgrammed, what,
 		"a pod created while the agent was down never got its policy", [][2]string{{l.restricted, o.d.Name()}, {l.friend, l.server}}, l.procs)
 }
 

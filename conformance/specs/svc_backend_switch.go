@@ -21,7 +21,7 @@ func init() {
 		Transition: fmt.Sprintf("%d changes of the Service's backends, one after another: switch-c, which serves throughout, is labelled into the Service and out of it in turn, each change awaited in the EndpointSlices before the next", switches),
 		Traffic:    "a pod on each node opens a new TCP connection to the ClusterIP every {order-interval} (each node's dataplane writes the change in its own time)",
 		Invariant:  "zero failed new connections over the whole window, each answered by one of the three backends",
-		Budgets:    []string{"order-interval", "attempt-timeout", "endpoint-programmed"},
+		Budgets:    []string{"order-interval", "attempt-timeout"},
 		Origin:     "a backend change applied frontends first: the Service's frontends switched to a backend set whose entries are written after them, so a connection in between finds no backend",
 		Design: "The window of such a reordering is the dataplane's own write of one Service, tens of microseconds " +
 			"(refdp's fault logs it: 10 to 450 µs, median 18). A connection every 250 µs met one node's window about once in " +
