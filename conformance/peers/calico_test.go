@@ -48,7 +48,6 @@ var calicoJudged = map[string][]calicoJudgement{
 		{Spec: "RESTART-NODEPORT-NEW", Fails: []conformance.FailureKind{matchers.KindReset}},
 		{Spec: "RESTART-NODEPORT-CRASH", Fails: []conformance.FailureKind{matchers.KindReset}},
 	},
-	"v3.31.6": {{Spec: "RESTART-NODEPORT-NEW"}, {Spec: "RESTART-NODEPORT-CRASH"}},
 	// Seed 3 (Calico PR 12164; its base 3e67ba0946 and its head 96a28e38fa): the
 	// base attaches a new workload's programs before it writes the IP sets that hold
 	// its IP, so a peer's policy that admits it drops its first packets. That
@@ -56,8 +55,18 @@ var calicoJudged = map[string][]calicoJudgement{
 	// its endpoint: 1 new pod in 55 here (docs/calico.md, "Seed 3").
 	"v3.32.0-0.dev-960-g3e67ba094640": {
 		{Spec: "ORDER-NEW-ENDPOINT", Fails: []conformance.FailureKind{matchers.KindLost}, MayPass: true},
+		{Spec: "ORDER-POLICY-REPLACE", Fails: []conformance.FailureKind{matchers.KindTimeout}},
 	},
-	"v3.32.0-0.dev-964-g96a28e38facf": {{Spec: "ORDER-NEW-ENDPOINT"}},
+	// The head orders IP set additions before the programs, but removes the previous
+	// selector's members in the same pass, before the programs stop using them.
+	"v3.32.0-0.dev-964-g96a28e38facf": {
+		{Spec: "ORDER-NEW-ENDPOINT"},
+		{Spec: "ORDER-POLICY-REPLACE", Fails: []conformance.FailureKind{matchers.KindTimeout}},
+	},
+	// Calico #13356 (fixed in v3.31.7) is out of a netns node's reach (docs/calico.md):
+	// both pass the spec closest to it.
+	"v3.31.6": {{Spec: "RESTART-NODEPORT-NEW"}, {Spec: "RESTART-NODEPORT-CRASH"}, {Spec: "ORDER-NEW-ENDPOINT-INGRESS"}},
+	"v3.31.7": {{Spec: "ORDER-NEW-ENDPOINT-INGRESS"}},
 	// Seed 2 (Calico PR 13778, whose fix no snapshot here holds): in eBPF mode
 	// FORWARD has no accept for the packets of flows that pre-date the programs, so
 	// once Felix removes KUBE-FORWARD a NodePort flow to a remote backend opened
@@ -69,6 +78,9 @@ var calicoJudged = map[string][]calicoJudgement{
 		{Spec: "SWITCH-NODEPORT-REMOTE", Fails: []conformance.FailureKind{matchers.KindGap, matchers.KindNotAlive, conformance.KindRulesLeft},
 			Must: []conformance.FailureKind{matchers.KindNotAlive}},
 		{Spec: "SWITCH-NODEPORT-LOCAL", Fails: []conformance.FailureKind{conformance.KindRulesLeft}},
+		// Felix writes a replaced policy's programs before the new selector's IP set
+		// holds the client: every replacement drops its new connections for a few ms.
+		{Spec: "ORDER-POLICY-REPLACE", Fails: []conformance.FailureKind{matchers.KindTimeout}},
 	},
 	"v3.33.0-0.dev-1478-g6609dea54713+seed2-forward-fallthrough-accept": {
 		{Spec: "SWITCH-NODEPORT-REMOTE", Fails: []conformance.FailureKind{conformance.KindRulesLeft}},
