@@ -77,8 +77,8 @@ func info(context.Context) (driver.Info, error) {
 		return driver.Info{}, err
 	}
 	return driver.Info{
-		Name:     "calico",
-		Version:  b.Describe(),
+		Name:    "calico",
+		Version: b.Describe(),
 		// ModeSwitch: Felix in eBPF mode takes a node over from kube-proxy in iptables
 		// mode as Calico documents the manual switch (kube-proxy stopped, Felix started
 		// with its kube-proxy clean-up at its default, on), which is what the suite's
