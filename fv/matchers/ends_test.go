@@ -49,11 +49,18 @@ func TestHaveStreamsEndedWithin(t *testing.T) {
 	ok, err := m.Match(churn(0, ""))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(ok).To(BeFalse(), "a stream that hangs must fail")
-	g.Expect(m.FailureMessage(churn(0, ""))).To(And(ContainSubstring("stream s/2 (answered by gone)"), ContainSubstring("did not end")))
+	g.Expect(m.FailureMessage(churn(0, ""))).To(And(ContainSubstring("stream s/2 (answered by gone)"), ContainSubstring("did not end"), ContainSubstring("nothing since")))
 	g.Expect(m.Result().Figures[0].Value).To(BeEquivalentTo(1))
 
-	ok, _ = matchers.HaveStreamsEndedWithin("backend-removed", time.Second, gone).Match(churn(3500, probe.Reset))
+	m = matchers.HaveStreamsEndedWithin("backend-removed", time.Second, gone)
+	ok, _ = m.Match(churn(3500, probe.Reset))
 	g.Expect(ok).To(BeFalse(), "ending after the deadline is too late")
+	g.Expect(m.FailureMessage(churn(3500, probe.Reset))).To(And(ContainSubstring("did not end within 1.0 s"),
+		ContainSubstring("then reset 1.3 s after backend-removed, over budget"), Not(ContainSubstring("nothing since"))),
+		"a late end is told as one, with when and how, not as silence")
+	g.Expect(m.Result().Kind).To(Equal(matchers.KindHang))
+	g.Expect(m.Result().Figures[1].Value).To(BeEquivalentTo(1), "ended_late")
+	g.Expect(m.Result().Figures[2].Value).To(BeNumerically("~", 1300, 1), "latest_end counts the late end")
 
 	m = matchers.HaveStreamsEndedWithin("backend-removed", time.Second, matchers.OnBackends("nobody"))
 	ok, err = m.Match(churn(2300, probe.Reset))
