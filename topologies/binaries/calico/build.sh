@@ -18,10 +18,10 @@
 #                    metadata.mk names (LIBBPF_VERSION); without it the tree's own
 #                    felix/bpf-gpl/libbpf is used, else it is cloned from GitHub as
 #                    Calico's Makefile does
-#   CALICO_PATCH     a unified diff (paths from the tree's root, applied with -p1) to
-#                    apply to the copy: a change the tree does not have, e.g. one of
-#                    topologies/binaries/calico/patches/; the version gains
-#                    "+<patch name>" and BUILDINFO names the patch and its SHA-256
+#   CALICO_PATCH     unified diffs (paths from the tree's root, applied with -p1, in
+#                    order; colon-separated) to apply to the copy: changes the tree does
+#                    not have, e.g. topologies/binaries/calico/patches/; the version gains
+#                    "+<patch name>" for each and BUILDINFO names them with their SHA-256
 #   DPC_CACHE_DIR    the cache root (default ${XDG_CACHE_HOME:-~/.cache}/dpconform)
 #
 # Debian packages it needs (clang-19, llvm-19, libpcap-dev, libelf-dev, zlib1g-dev,
@@ -63,13 +63,19 @@ fi
 case "$version" in
 */* | .* | "") die "version \"$version\" cannot name a directory: set CALICO_VERSION" ;;
 esac
+# The patches, in order: absolute paths, and what BUILDINFO says of them.
+patches=()
 patch_name=""
 if [ -n "${CALICO_PATCH:-}" ]; then
-	[ -f "$CALICO_PATCH" ] || die "CALICO_PATCH=$CALICO_PATCH is not a file"
-	CALICO_PATCH=$(cd "$(dirname "$CALICO_PATCH")" && pwd)/$(basename "$CALICO_PATCH")
-	patch_name=$(basename "$CALICO_PATCH" .patch)
-	patch_sum=$(sha256sum "$CALICO_PATCH" | cut -d' ' -f1)
-	version="$version+$patch_name"
+	IFS=: read -r -a given <<<"$CALICO_PATCH"
+	for p in "${given[@]}"; do
+		[ -f "$p" ] || die "CALICO_PATCH: $p is not a file"
+		p=$(cd "$(dirname "$p")" && pwd)/$(basename "$p")
+		patches+=("$p")
+		name=$(basename "$p" .patch)
+		version="$version+$name"
+		patch_name="${patch_name:+$patch_name, }$name (sha256 $(sha256sum "$p" | cut -d' ' -f1))"
+	done
 fi
 libbpf_version=$(sed -n 's/^LIBBPF_VERSION=//p' "$src/metadata.mk")
 [ -n "$libbpf_version" ] || die "$src/metadata.mk names no LIBBPF_VERSION"
@@ -96,11 +102,11 @@ stage="$build/out"
 mkdir -p "$tree" "$stage/bin" "$stage/cni" "$stage/bpf" "$stage/crds"
 echo "calico $version (commit $commit${dirty:+, with uncommitted changes}) from $src -> $out"
 tar -C "$src" --exclude=./.git -cf - . | tar -C "$tree" -xf -
-if [ -n "$patch_name" ]; then
-	patch -p1 -s --forward --no-backup-if-mismatch -d "$tree" <"$CALICO_PATCH" ||
-		die "CALICO_PATCH=$CALICO_PATCH does not apply to $src (commit $commit)"
-	echo "  patched: $patch_name"
-fi
+for p in "${patches[@]}"; do
+	patch -p1 -s --forward --no-backup-if-mismatch -d "$tree" <"$p" ||
+		die "CALICO_PATCH: $p does not apply to $src (commit $commit), or not after the patches before it"
+	echo "  patched: $(basename "$p" .patch)"
+done
 
 # libbpf, at the version the tree names, where Felix's cgo and the BPF programs find it.
 lb="$tree/felix/bpf-gpl/libbpf"
@@ -205,7 +211,7 @@ q() { printf "'%s'" "${1//\'/\'\'}"; }
 	echo "version: $(q "$version")"
 	echo "commit: $(q "$commit")"
 	echo "dirty: $([ -n "$dirty" ] && echo true || echo false)"
-	[ -z "$patch_name" ] || echo "patch: $(q "$patch_name (sha256 $patch_sum)")"
+	[ -z "$patch_name" ] || echo "patch: $(q "$patch_name")"
 	echo "libbpf: $(q "$libbpf_version")"
 	echo "go: $(q "$(go env GOVERSION)")"
 	echo "clang: $(q "$(clang-19 --version | head -1)")"
