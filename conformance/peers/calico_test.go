@@ -90,7 +90,10 @@ var calicoJudged = map[string][]calicoJudgement{
 	"v3.33.0-0.dev-1478-g6609dea54713": {
 		{Spec: "SWITCH-NODEPORT-REMOTE", Fails: []conformance.FailureKind{matchers.KindGap, matchers.KindNotAlive, conformance.KindRulesLeft},
 			Must: []conformance.FailureKind{matchers.KindNotAlive}},
-		{Spec: "SWITCH-NODEPORT-LOCAL", Fails: []conformance.FailureKind{conformance.KindRulesLeft}},
+		// Rules left always; now and then (2 runs in 14) a stream to the local backend
+		// dies during the take-over, not triaged yet (docs/calico.md, "Seed 2").
+		{Spec: "SWITCH-NODEPORT-LOCAL", Fails: []conformance.FailureKind{conformance.KindRulesLeft, matchers.KindGap, matchers.KindNotAlive},
+			Must: []conformance.FailureKind{conformance.KindRulesLeft}},
 		// Felix writes a replaced policy's programs before the new selector's IP set
 		// holds the client: every replacement drops its new connections for a few ms.
 		{Spec: "ORDER-POLICY-REPLACE", Fails: []conformance.FailureKind{matchers.KindTimeout}},
@@ -104,6 +107,18 @@ var calicoJudged = map[string][]calicoJudgement{
 	},
 	"v3.33.0-0.dev-1478-g6609dea54713+seed2-forward-fallthrough-accept": {
 		{Spec: "SWITCH-NODEPORT-REMOTE", Fails: []conformance.FailureKind{conformance.KindRulesLeft}},
+	},
+	// With Felix's kube-proxy clean-up fixed too (a patch of this project's), the
+	// pair differs by the seed's accept alone: nothing left behind on either side,
+	// the streams dead without it and alive with it.
+	"v3.33.0-0.dev-1478-g6609dea54713+kube-proxy-cleanup-newer-chains": {
+		{Spec: "SWITCH-CLEANUP"},
+		{Spec: "SWITCH-NODEPORT-REMOTE", Fails: []conformance.FailureKind{matchers.KindGap, matchers.KindNotAlive},
+			Must: []conformance.FailureKind{matchers.KindNotAlive}},
+	},
+	"v3.33.0-0.dev-1478-g6609dea54713+seed2-forward-fallthrough-accept+kube-proxy-cleanup-newer-chains": {
+		{Spec: "SWITCH-CLEANUP"},
+		{Spec: "SWITCH-NODEPORT-REMOTE"},
 	},
 }
 
@@ -136,9 +151,10 @@ func calicoBuilds() []calicoBuild {
 	return out
 }
 
-// Seed 1 against the Calico builds given in DPC_CALICO_DIR, through
-// drivers/calico-driver: each must do what calicoJudged says.
-var _ = Describe("Calico", Label("calico"), Ordered, func() {
+// The Calico builds given in DPC_CALICO_DIR, through drivers/calico-driver: each
+// must do what calicoJudged says. Every declaration is judged, whatever the others
+// conclude (ContinueOnFailure).
+var _ = Describe("Calico", Label("calico"), Ordered, ContinueOnFailure, func() {
 	builds := calicoBuilds()
 	if len(builds) == 0 {
 		It("is judged when "+envCalicoDirs+" names builds", func() {
