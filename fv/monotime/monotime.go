@@ -1,6 +1,8 @@
-// Package monotime reads CLOCK_MONOTONIC, the one clock that the suite and every probe
-// share: all network namespaces of a host see the same monotonic clock, so events
+// Package monotime reads CLOCK_MONOTONIC, the clock the suite and every probe stamp
+// by: all network namespaces of a machine see the same monotonic clock, so events
 // stamped by different processes in different namespaces line up on one timeline.
+// Hosts of other clocks (other machines, time namespaces) are related to it by
+// measurement (package clocks).
 package monotime
 
 import (

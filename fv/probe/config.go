@@ -28,6 +28,9 @@ const (
 	// RoleReach tries each of many targets once, all concurrently, reports one outcome
 	// per target and exits: a row of a connectivity matrix.
 	RoleReach Role = "reach"
+	// RoleClock does nothing but answer the "clock" command: a probe of a host's
+	// CLOCK_MONOTONIC, by which the suite relates that host's clock to its own.
+	RoleClock Role = "clock"
 )
 
 // Defaults of the roles' settings; a zero field in a Config means its default.
@@ -48,7 +51,8 @@ const (
 	MaxReachLabel = 200
 )
 
-// Config is the configuration of one probe role: Serve, Connect, Stream, UDP or Reach.
+// Config is the configuration of one probe role: Serve, Connect, Stream, UDP, Reach
+// or Clock.
 type Config interface {
 	// Role is the role the probe runs.
 	Role() Role
@@ -167,6 +171,13 @@ type Reach struct {
 	Tries int
 }
 
+// Clock configures RoleClock: a probe that sends no traffic and answers "clock" on
+// its control channel with a reading of its host's CLOCK_MONOTONIC (every probe role
+// answers it; this one is started for that alone).
+type Clock struct {
+	Name string
+}
+
 // Target is a cell of a connectivity matrix: where a reach probe tries, and the label
 // its outcome is reported under.
 type Target struct {
@@ -192,6 +203,9 @@ func (UDP) Role() Role { return RoleUDP }
 // Role implements Config.
 func (Reach) Role() Role { return RoleReach }
 
+// Role implements Config.
+func (Clock) Role() Role { return RoleClock }
+
 // ProbeName implements Config.
 func (c Serve) ProbeName() string { return c.Name }
 
@@ -206,6 +220,9 @@ func (c UDP) ProbeName() string { return c.Name }
 
 // ProbeName implements Config.
 func (c Reach) ProbeName() string { return c.Name }
+
+// ProbeName implements Config.
+func (c Clock) ProbeName() string { return c.Name }
 
 // bind registers the role's flags on fs, each bound to a field of the config: the
 // one place a field and its flag are named. parseConfig reads a command line through
@@ -276,8 +293,18 @@ func (c Reach) Args() []string {
 	return argsOf(&b, func() { b = c })
 }
 
+// Args implements Config.
+func (c Clock) Args() []string {
+	var b Clock
+	return argsOf(&b, func() { b = c })
+}
+
 // The flags of each role, with zero defaults: a field left zero takes its default
 // (withDefaults), whether it came from a command line or a Go value.
+
+func (c *Clock) bind(fs *flag.FlagSet) {
+	fs.StringVar(&c.Name, "name", "", "probe name (required)")
+}
 
 func (c *Serve) bind(fs *flag.FlagSet) {
 	fs.StringVar(&c.Name, "name", "", "identity answered to clients (required)")
@@ -486,6 +513,14 @@ func (c Reach) Validate() error {
 	return nil
 }
 
+// Validate implements Config.
+func (c Clock) Validate() error {
+	if c.Name == "" {
+		return errors.New("name is required")
+	}
+	return nil
+}
+
 func (c Serve) withDefaults() Serve {
 	c.Report = or(c.Report, DefaultReport)
 	return c
@@ -623,8 +658,10 @@ func parseConfig(role Role, argv []string, stderr io.Writer) (Config, error) {
 		b = &UDP{}
 	case RoleReach:
 		b = &Reach{}
+	case RoleClock:
+		b = &Clock{}
 	default:
-		return nil, fmt.Errorf("unknown role %q (serve, connect, stream, udp, reach)", role)
+		return nil, fmt.Errorf("unknown role %q (serve, connect, stream, udp, reach, clock)", role)
 	}
 	b.bind(fs)
 	if err := fs.Parse(argv); err != nil {
@@ -645,6 +682,8 @@ func parseConfig(role Role, argv []string, stderr io.Writer) (Config, error) {
 		cfg = c.withDefaults()
 	case *Reach:
 		cfg = c.withDefaults()
+	case *Clock:
+		cfg = *c
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("probe %s: %w", role, err)

@@ -1,8 +1,11 @@
 // Package probe is the suite's measuring instrument on the wire: small traffic
 // programs that run inside a pod's or an external client's network namespace and
-// stream what they observe as JSON lines, each stamped with CLOCK_MONOTONIC, which
-// every namespace of a host shares, so that their events line up with the suite's
-// own transition events on one timeline.
+// stream what they observe as JSON lines, each stamped with their host's
+// CLOCK_MONOTONIC. Every network namespace of a machine shares it, so on one machine
+// their events line up with the suite's own transition events on one timeline; a
+// host of another clock (another machine, a time namespace) is measured with the
+// "clock" command (Process.ReadClock, package clocks), and Options.Clock converts its
+// times as they arrive.
 //
 // # Roles
 //
@@ -72,7 +75,8 @@
 // A probe reads commands on stdin: "stop" (or the end of stdin, or SIGTERM) stops it
 // cleanly: no new attempts, those in flight finish, a "done" event, exit 0 (a reach
 // probe reports the targets it has not tried as skipped). "mark"
-// asks for a watermark now. Because the end of stdin stops it, a probe also ends when
+// asks for a watermark now. "clock" is answered at once, ahead of the batched events,
+// with a "clock" event: the host's CLOCK_MONOTONIC when the command was read. Because the end of stdin stops it, a probe also ends when
 // the suite that started it dies.
 //
 // # Running probes

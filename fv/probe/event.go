@@ -85,6 +85,11 @@ const (
 	// KindMark is a watermark: every event about an attempt that started before Time
 	// has already been written.
 	KindMark Kind = "mark"
+	// KindClock answers the "clock" command: Time is the probe host's CLOCK_MONOTONIC
+	// when the probe read the command. It is written at once, outside the batches of
+	// other events, so that the round trip it closes is short; the suite's Process
+	// takes it (ReadClock) and never puts it on a timeline.
+	KindClock Kind = "clock"
 	// KindError reports a problem of the probe itself (Err), not of the path measured.
 	KindError Kind = "error"
 	// KindDone is the last event of a probe that stopped cleanly; Count is the number

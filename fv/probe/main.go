@@ -28,10 +28,11 @@ roles:
   stream   -name N -target HOST:PORT [-streams K] [-interval 5ms]
   udp      -name N -to LABEL=IP:PORT [-to ...] [-interval 1ms] [-new-socket | -replies [-timeout 1s]]
   reach    -name N -target PROTO,IP:PORT,LABEL [-target ...] [-timeout 500ms] [-tries 3]
+  clock    -name N
 
 The probe writes one JSON event per line on stdout and reads commands on stdin:
-"stop" (or closing stdin, or SIGTERM) stops it cleanly, "mark" asks for a watermark.
-A reach probe exits by itself once it has reported every target.
+"stop" (or closing stdin, or SIGTERM) stops it cleanly, "mark" asks for a watermark,
+"clock" for a reading of CLOCK_MONOTONIC, written at once. A reach probe exits by itself once it has reported every target.
 "probe <role> -h" lists a role's flags.
 `
 
@@ -135,6 +136,8 @@ func control(ctx context.Context, stdin io.Reader, stop func(), r runner, em *em
 			return
 		case "mark":
 			em.emit(Event{Time: r.mark(), Kind: KindMark})
+		case "clock":
+			em.now(Event{Time: monotime.Now(), Kind: KindClock})
 		case "release":
 			if rel, ok := r.(releaser); ok {
 				rel.release()
@@ -143,7 +146,7 @@ func control(ctx context.Context, stdin io.Reader, stop func(), r runner, em *em
 			}
 		case "":
 		default:
-			em.emit(Event{Time: monotime.Now(), Kind: KindError, Err: fmt.Sprintf("unknown command %q (stop, mark, release)", cmd)})
+			em.emit(Event{Time: monotime.Now(), Kind: KindError, Err: fmt.Sprintf("unknown command %q (stop, mark, clock, release)", cmd)})
 		}
 		if ctx.Err() != nil {
 			return
@@ -177,15 +180,33 @@ func newRunner(cfg Config, em *emitter) (runner, error) {
 		return newUDPSender(c, em)
 	case Reach:
 		return newReacher(c, em), nil
+	case Clock:
+		return idle{cfg: c, em: em}, nil
 	}
 	return nil, fmt.Errorf("no runner for %T", cfg)
 }
+
+// idle is RoleClock's runner: ready at once, then nothing until it is stopped, and
+// nothing in flight.
+type idle struct {
+	cfg Clock
+	em  *emitter
+}
+
+func (r idle) run(ctx context.Context) (int, error) {
+	r.em.emit(Event{Time: monotime.Now(), Kind: KindReady, Role: RoleClock, Probe: r.cfg.Name, PID: os.Getpid()})
+	<-ctx.Done()
+	return 0, nil
+}
+
+func (idle) mark() monotime.Time { return monotime.Now() }
 
 // emitter writes events to stdout from one goroutine. Producers never block on the
 // pipe: a slow reader must not stall the schedule being measured, so the queue is
 // unbounded and written in batches, at most one every flushEvery.
 type emitter struct {
 	mu      sync.Mutex
+	writeMu sync.Mutex // held while writing to w: by the loop's batches and by now
 	queue   []Event
 	closed  bool
 	wake    chan struct{}
@@ -238,17 +259,35 @@ func (e *emitter) loop() {
 		batch, e.queue = e.queue, batch[:0]
 		closed := e.closed
 		e.mu.Unlock()
+		e.writeMu.Lock()
 		for i := range batch {
 			// An encoding error cannot happen for Event; a write error means the
 			// suite is gone, and the probe then stops on the end of stdin.
 			_ = enc.Encode(&batch[i])
 		}
 		_ = e.w.Flush()
+		e.writeMu.Unlock()
 		if closed {
 			return
 		}
 		pause.Reset(flushEvery)
 	}
+}
+
+// now writes ev at once, ahead of the queued batch (whose events are older): for an
+// answer whose delay is itself measured, a clock reading. After close it does nothing.
+func (e *emitter) now(ev Event) {
+	e.mu.Lock()
+	closed := e.closed
+	e.mu.Unlock()
+	if closed {
+		return
+	}
+	b, _ := json.Marshal(&ev)
+	e.writeMu.Lock()
+	defer e.writeMu.Unlock()
+	_, _ = e.w.Write(append(b, '\n'))
+	_ = e.w.Flush()
 }
 
 // close writes what is queued and stops the emitter.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 
+	"github.com/dpconform/dpconform/fv/clocks"
 	"github.com/dpconform/dpconform/fv/monotime"
 )
 
@@ -92,6 +93,11 @@ type Options struct {
 	// ReadyTimeout bounds the wait for the probe's ready event when ctx has no earlier
 	// deadline; default 10s.
 	ReadyTimeout time.Duration
+	// Clock converts the times the probe writes, read on its host's CLOCK_MONOTONIC,
+	// to the suite's; nil when the host shares the suite's clock. It is given each
+	// time and the name of the probe that stamped it: a server's KindRecv carries the
+	// sender's stamp (Time) beside its own (End).
+	Clock func(probe string, t monotime.Time) monotime.Time
 }
 
 // Process is a running probe.
@@ -116,6 +122,9 @@ type Process struct {
 	killed  bool
 	badLine error
 	exitErr error
+
+	clockMu sync.Mutex         // one clock exchange at a time
+	clockCh chan monotime.Time // the host's reading, from the reader
 }
 
 // ErrProbe wraps every error of a probe process (failed to start, crashed, did not
@@ -134,6 +143,7 @@ func Start(ctx context.Context, s Starter, prog Program, cfg Config, opts Option
 		name: cfg.ProbeName(), role: cfg.Role(), cfg: cfg, cmd: cmd, opts: opts,
 		stderr: &tailBuffer{max: 64 * 1024},
 		ready:  make(chan struct{}), done: make(chan struct{}), markCh: make(chan struct{}),
+		clockCh: make(chan monotime.Time, 1),
 	}
 	if opts.Stderr != nil {
 		cmd.Stderr = io.MultiWriter(p.stderr, opts.Stderr)
@@ -208,7 +218,14 @@ func (p *Process) read(stdout io.Reader) {
 		if err != nil {
 			break
 		}
-		p.deliver(e)
+		if e.Kind == KindClock {
+			select {
+			case p.clockCh <- e.Time:
+			default: // an answer no one waits for any more
+			}
+			continue
+		}
+		p.deliver(p.toSuite(e))
 	}
 	// Stdout is closed: the process is gone or about to be.
 	werr := p.cmd.Wait()
@@ -232,6 +249,22 @@ func (p *Process) read(stdout io.Reader) {
 	p.mu.Unlock()
 	p.deliver(exit)
 	close(p.done)
+}
+
+// toSuite puts the times of an event the probe wrote on the suite's clock.
+func (p *Process) toSuite(e Event) Event {
+	conv := p.opts.Clock
+	if conv == nil {
+		return e
+	}
+	if e.Kind == KindRecv && e.From != "" {
+		e.Time = conv(e.From, e.Time) // the sender's stamp
+	} else {
+		e.Time = conv(p.name, e.Time)
+	}
+	e.End = conv(p.name, e.End)
+	e.GapAt = conv(p.name, e.GapAt)
+	return e
 }
 
 func (p *Process) deliver(e Event) {
@@ -297,6 +330,30 @@ func (p *Process) Command(cmd string) error {
 		return fmt.Errorf("%w: send %q to %s: %w", ErrProbe, cmd, p, err)
 	}
 	return nil
+}
+
+// ReadClock makes one clock exchange with the probe: the suite's clock before the
+// command went out and after the answer came back, and the probe host's reading in
+// between (clocks.Exchanger).
+func (p *Process) ReadClock(ctx context.Context) (clocks.Sample, error) {
+	p.clockMu.Lock()
+	defer p.clockMu.Unlock()
+	select { // a late answer to an exchange that gave up
+	case <-p.clockCh:
+	default:
+	}
+	sent := monotime.Now()
+	if err := p.Command("clock"); err != nil {
+		return clocks.Sample{}, err
+	}
+	select {
+	case stamp := <-p.clockCh:
+		return clocks.Sample{Sent: sent, Stamp: stamp, Received: monotime.Now()}, nil
+	case <-p.done:
+		return clocks.Sample{}, fmt.Errorf("%w: %s exited during a clock exchange: %w", ErrProbe, p, p.Err())
+	case <-ctx.Done():
+		return clocks.Sample{}, fmt.Errorf("%w: %s did not answer a clock exchange: %w", ErrProbe, p, ctx.Err())
+	}
 }
 
 // Config is the configuration the probe was started with.
