@@ -35,7 +35,7 @@ func HaveDatagramsAnswered(opts ...Option) Matcher {
 func HaveDatagramsAnsweredWithin(after string, limit time.Duration, opts ...Option) Matcher {
 	what := fmt.Sprintf("every datagram answered from %s after %s", fmtMs(limit), after)
 	return newMatcher(what, KindLost, opts, func(w timeline.Window, o options) (outcome, error) {
-		return evalAnswers(w, o, &deadline{after: after, limit: limit})
+		return evalAnswers(w, o, &deadline{after: after, limit: limit + o.clock})
 	})
 }
 

@@ -17,6 +17,7 @@ import (
 // (the report says when, and how) or not at all. Options: Probes, OnBackends, Context.
 func HaveStreamsEndedWithin(after string, limit time.Duration, opts ...Option) Matcher {
 	return newMatcher(fmt.Sprintf("every stream ended within %s of %s", fmtMs(limit), after), KindHang, opts, func(w timeline.Window, o options) (outcome, error) {
+		limit := limit + o.clock // ClockUncertainty
 		var at monotime.Time
 		for _, t := range w.Transitions {
 			if t.Name == after {

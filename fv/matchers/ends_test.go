@@ -78,3 +78,24 @@ func TestOnBackendsSelectsStreams(t *testing.T) {
 	g.Expect(w).NotTo(matchers.BeAliveAtEnd(matchers.OnBackends("gone")))
 	g.Expect(w).To(matchers.HaveStreamGapsWithin(200*time.Millisecond, matchers.OnBackends("keep")))
 }
+
+// TestClockUncertainty: with hosts of other clocks, an event's time is known only to
+// within the clocks' uncertainty, and no verdict may hang on which side of a limit
+// after a transition it fell: every such limit is longer by it, and only by it.
+func TestClockUncertainty(t *testing.T) {
+	g := NewWithT(t)
+	gone := matchers.OnBackends("gone")
+	late := churn(3203, probe.Reset) // 3 ms past the 1 s after backend-removed
+
+	g.Expect(late).NotTo(matchers.HaveStreamsEndedWithin("backend-removed", time.Second, gone), "3 ms late on one clock")
+	g.Expect(late).To(matchers.HaveStreamsEndedWithin("backend-removed", time.Second, gone, matchers.ClockUncertainty(5*time.Millisecond)),
+		"3 ms late is within 5 ms of uncertainty")
+	g.Expect(late).NotTo(matchers.HaveStreamsEndedWithin("backend-removed", time.Second, gone, matchers.ClockUncertainty(2*time.Millisecond)),
+		"but not within 2 ms")
+
+	// The reset 100 ms after backend-removed: a check from 98 ms after it sees it,
+	// unless the clocks' 5 ms may put it before.
+	reset := churn(2300, probe.Reset)
+	g.Expect(reset).NotTo(matchers.HaveNoResets(gone, matchers.From("backend-removed", 98*time.Millisecond)))
+	g.Expect(reset).To(matchers.HaveNoResets(gone, matchers.From("backend-removed", 98*time.Millisecond), matchers.ClockUncertainty(5*time.Millisecond)))
+}

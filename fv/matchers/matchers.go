@@ -153,7 +153,8 @@ type options struct {
 	context    time.Duration
 	fromEvent  string // with From: judge only from fromAfter past this event
 	fromAfter  time.Duration
-	mayStop    bool // senders that stopped cleanly are judged on what they sent
+	mayStop    bool          // senders that stopped cleanly are judged on what they sent
+	clock      time.Duration // ClockUncertainty
 }
 
 // Defaults of the options.
@@ -231,6 +232,17 @@ func From(event string, after time.Duration) Option {
 	return func(o *options) { o.fromEvent, o.fromAfter = event, after }
 }
 
+// ClockUncertainty is how far a probe's event may be from its true time on the
+// suite's clock, when the probe's host reads a clock of its own (package clocks):
+// no verdict may hang on which side of a transition such an event fell. So every
+// time allowed after a transition event is longer by it: a check From an event starts
+// that much later, a deadline (HaveStreamsEndedWithin, HaveDatagramsAnsweredWithin,
+// HaveServedWithin) is that much later, and a stream is alive with an echo that much
+// older (Within). Zero, the default, on a world of one clock.
+func ClockUncertainty(d time.Duration) Option {
+	return func(o *options) { o.clock = d }
+}
+
 // narrow applies From to w.
 func narrow(w timeline.Window, o options) (timeline.Window, error) {
 	if o.fromEvent == "" {
@@ -240,7 +252,7 @@ func narrow(w timeline.Window, o options) (timeline.Window, error) {
 		if t.Name != o.fromEvent || !w.Contains(t.Time) {
 			continue
 		}
-		start := t.Time.Add(o.fromAfter)
+		start := t.Time.Add(o.fromAfter + o.clock)
 		if start >= w.End {
 			return w, fmt.Errorf("the %s ends before %s after %s, where the check starts", w, fmtMs(o.fromAfter), o.fromEvent)
 		}

@@ -84,6 +84,7 @@ func orNone(counts string) string {
 func HaveServedWithin(after string, limit time.Duration, streak int, opts ...Option) Matcher {
 	what := fmt.Sprintf("served (%d connections in a row) within %s of %s", streak, fmtMs(limit), after)
 	return newMatcher(what, KindUnserved, opts, func(w timeline.Window, o options) (outcome, error) {
+		limit := limit + o.clock // ClockUncertainty
 		at, ok := transition(w, after)
 		if !ok {
 			return outcome{}, fmt.Errorf("no %q event on the timeline", after)

@@ -422,7 +422,7 @@ func BeAliveAtEnd(opts ...Option) Matcher {
 				deads = append(deads, dead{s, fmt.Sprintf("never opened: %s (%s)", strings.ToUpper(string(s.open.Outcome)), s.open.Err), s.open.Time})
 			case s.end != nil && s.end.Time <= w.End:
 				deads = append(deads, dead{s, endText(w, s.end), s.end.Time})
-			case w.End.Sub(last) > o.within:
+			case w.End.Sub(last) > o.within+o.clock:
 				deads = append(deads, dead{s, fmt.Sprintf("has had no echo since %s (%s before the end)", w.Relative(last), fmtMs(w.End.Sub(last))), last})
 			}
 		}
