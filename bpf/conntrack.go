@@ -8,6 +8,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
+
+	"github.com/dpconform/dpconform/driver/proc"
 )
 
 // DNATFlows names the flows the programs DNATed from a frontend to one backend.
@@ -125,11 +127,11 @@ func (d *Datapath) MarkDNATFlowsGone(flows []DNATFlows) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("mark DNAT flows gone: %w", err)
 	}
-	var ts unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
-		return 0, fmt.Errorf("mark DNAT flows gone: read the monotonic clock: %w", err)
+	now, err := KernelNow()
+	if err != nil {
+		return 0, fmt.Errorf("mark DNAT flows gone: %w", err)
 	}
-	return d.markDNATFlowsGone(all, flows, uint64(ts.Nano()))
+	return d.markDNATFlowsGone(all, flows, now)
 }
 
 // markDNATFlowsGone is MarkDNATFlowsGone on all, a snapshot of the table that may
@@ -169,4 +171,20 @@ func (d *Datapath) markDNATFlowsGone(all map[ConntrackKey]ConntrackValue, flows 
 func flowOver(v ConntrackValue, now uint64) bool {
 	idle := time.Duration(int64(now - v.LastSeenNs)) // signed: a packet may be newer than now
 	return v.Flags&ConntrackClosing != 0 && idle > ConntrackCloseQuiet || idle > ConntrackTCPIdleTimeout
+}
+
+// KernelNow is the kernel's CLOCK_MONOTONIC in nanoseconds, the clock the datapath
+// stamps conntrack entries and verdicts with (bpf_ktime_get_ns). A process in a time
+// namespace reads its namespace's offset on top of it; that is taken off again, so
+// that an entry's age is right wherever the agent runs.
+func KernelNow() (uint64, error) {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0, fmt.Errorf("read the monotonic clock: %w", err)
+	}
+	off, err := proc.MonotonicOffset()
+	if err != nil {
+		return 0, fmt.Errorf("read this process's time namespace: %w", err)
+	}
+	return uint64(ts.Nano() - int64(off)), nil
 }

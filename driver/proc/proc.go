@@ -184,3 +184,38 @@ func OfContainer(id string, cmdline []byte) (int, error) {
 	}
 	return 0, fmt.Errorf("no process of container %s runs %q", id, bytes.ReplaceAll(cmdline, []byte{0}, []byte{' '}))
 }
+
+// MonotonicOffset is how far CLOCK_MONOTONIC as this process reads it is ahead of
+// the kernel's own, from the offsets of its time namespace (time_namespaces(7);
+// /proc/self/timens_offsets): zero outside one, or on a kernel without them. A BPF
+// program's bpf_ktime_get_ns reads the kernel's clock, whatever namespace the
+// program's loader was in; a driver that reports such a time as its node's
+// CLOCK_MONOTONIC (the events verb's time_ns) adds this.
+func MonotonicOffset() (time.Duration, error) {
+	b, err := os.ReadFile("/proc/self/timens_offsets")
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return parseTimensOffsets(b)
+}
+
+// parseTimensOffsets reads the monotonic line of /proc/PID/timens_offsets,
+// "monotonic <seconds> <nanoseconds>".
+func parseTimensOffsets(b []byte) (time.Duration, error) {
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) != 3 || (f[0] != "monotonic" && f[0] != "1") {
+			continue
+		}
+		sec, err1 := strconv.ParseInt(f[1], 10, 64)
+		nsec, err2 := strconv.ParseInt(f[2], 10, 64)
+		if err1 != nil || err2 != nil {
+			return 0, fmt.Errorf("timens_offsets: bad line %q", line)
+		}
+		return time.Duration(sec)*time.Second + time.Duration(nsec), nil
+	}
+	return 0, fmt.Errorf("timens_offsets: no monotonic line in %q", b)
+}

@@ -173,3 +173,20 @@ func TestCmdline(t *testing.T) {
 		}
 	}
 }
+
+func TestParseTimensOffsets(t *testing.T) {
+	got, err := parseTimensOffsets([]byte("monotonic        1000       250\nboottime            0         0\n"))
+	if err != nil || got != 1000*time.Second+250 {
+		t.Fatalf("got %v, %v; want 1000.00000025s", got, err)
+	}
+	got, err = parseTimensOffsets([]byte("monotonic       -5         0\nboottime 0 0\n"))
+	if err != nil || got != -5*time.Second {
+		t.Fatalf("got %v, %v; want -5s", got, err)
+	}
+	if _, err := parseTimensOffsets([]byte("boottime 0 0\n")); err == nil {
+		t.Fatal("no monotonic line: want an error")
+	}
+	if off, err := MonotonicOffset(); err != nil || off != 0 {
+		t.Fatalf("this test's own offset: %v, %v; want 0 outside a time namespace", off, err)
+	}
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/dpconform/dpconform/bpf"
 	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/driver/proc"
 	"github.com/dpconform/dpconform/driver/skel"
 )
 
@@ -118,13 +119,20 @@ func eventsIn(e env, cursor string) (driver.Events, error) {
 			bpf.VerdictsLostMapName, lost, base, cursor)
 	}
 
+	// The datapath stamps verdicts with the kernel's clock; the contract's time_ns
+	// is the node's CLOCK_MONOTONIC as its processes read it, which a time namespace
+	// (a node of the netns topology's clock skew) moves.
+	offset, err := proc.MonotonicOffset()
+	if err != nil {
+		return driver.Events{}, skel.Fail("events failed", "this node's clock: %w", err)
+	}
 	out := driver.Events{
 		Cursor: verdictCursor{ring: r.ID(), read: cur.read + uint64(len(vs)), lost: lost}.String(),
 		Events: make([]driver.Event, len(vs)),
 	}
 	for i, v := range vs {
 		out.Events[i] = driver.Event{
-			TimeNS:  int64(v.TimeNs),
+			TimeNS:  int64(v.TimeNs) + int64(offset),
 			Verdict: v.Action.String(),
 			Src:     v.Flow.Src.String(),
 			Dst:     v.Flow.Dst.String(),
