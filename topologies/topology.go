@@ -142,3 +142,18 @@ func Output(ctx context.Context, h Host, name string, args ...string) ([]byte, e
 // before the kubelet writes its status, on kind): the spec that asked is skipped with
 // the reason the error gives, never run on an imitation.
 var ErrUnsupported = errors.New("not supported by this topology")
+
+// OwnClocks is implemented by a topology whose hosts may read another CLOCK_MONOTONIC
+// than the suite's: nodes on other machines, or in time namespaces of their own. The
+// suite then measures each node's and the external client's clock against its own and
+// converts what they stamp (a pod reads its node's clock); on a topology that does not
+// implement it, or says false, every host reads the suite's clock.
+type OwnClocks interface {
+	OwnClocks() bool
+}
+
+// HasOwnClocks reports whether t's hosts may read clocks other than the suite's.
+func HasOwnClocks(t Topology) bool {
+	c, ok := t.(OwnClocks)
+	return ok && c.OwnClocks()
+}

@@ -51,6 +51,10 @@ func (t *Topology) Provider() string { return "cluster" }
 // RunID implements topologies.Topology.
 func (t *Topology) RunID() string { return t.c.runID }
 
+// OwnClocks implements topologies.OwnClocks: true when a node reads another clock
+// than this machine's, or Options.MeasureClocks asked to measure them all.
+func (t *Topology) OwnClocks() bool { return t.c.ownClocks }
+
 // Cluster is the cluster the topology is a view of.
 func (t *Topology) Cluster() *Cluster { return t.c }
 

@@ -245,6 +245,11 @@ func (t *Topology) createNodes(ctx context.Context, count int) error {
 		if err := t.createNodeNS(n); err != nil {
 			return err
 		}
+		if t.skew != 0 {
+			if err := t.createTimeNS(&n.host, clockOffset(t.skew, i)); err != nil {
+				return err
+			}
+		}
 	}
 	// Host-gw routing: every node reaches the other nodes' pod CIDRs via their IPs.
 	for _, n := range t.nodes {
@@ -270,6 +275,11 @@ func (t *Topology) createNodes(ctx context.Context, count int) error {
 		h.Close()
 	}
 	t.external = &host{name: "external", netns: t.externalNS(), ip: t.fabricAddr(externalHost).Addr()}
+	if t.skew != 0 {
+		if err := t.createTimeNS(t.external, clockOffset(t.skew, -1)); err != nil {
+			return err
+		}
+	}
 	t.logf("run %s: creating the external client (%s)", t.runID, t.external.ip)
 	return t.attachHost(fh, t.external, "external")
 }

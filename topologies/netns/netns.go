@@ -46,6 +46,11 @@ type Options struct {
 	// CNIDirs are directories of CNI plugins the implementation ships (the driver's
 	// info.cni_dir), searched before the topology's own.
 	CNIDirs []string
+	// ClockSkew, when not zero, gives every node and the external client a
+	// CLOCK_MONOTONIC of its own, as on a cluster of separate machines: node i's runs
+	// (i+1)×ClockSkew ahead of the suite's, the external client's ClockSkew behind
+	// (time namespaces; whole seconds). Pods read their node's clock.
+	ClockSkew time.Duration
 	// ControlPlanes, when set, lends the topology a control plane that outlives it
 	// (reset to its state at start when the topology closes) instead of starting one
 	// of its own. Nil: the topology starts and stops its own.
@@ -66,6 +71,7 @@ type Topology struct {
 	pooled   *pooledCP
 	nodes    []*node
 	external *host
+	skew     time.Duration // Options.ClockSkew
 
 	mu     sync.Mutex
 	pods   map[string]*pod       // by namespace/name
@@ -107,7 +113,10 @@ func New(ctx context.Context, opts Options) (_ *Topology, err error) {
 	if opts.Nodes < 1 || opts.Nodes > 26 {
 		return nil, fmt.Errorf("Options.Nodes=%d: a netns topology has 1 to 26 nodes", opts.Nodes)
 	}
-	t := &Topology{logf: opts.Logf, pods: map[string]*pod{}, added: map[netip.Addr]string{}}
+	if err := checkClockSkew(opts.ClockSkew); err != nil {
+		return nil, fmt.Errorf("Options.ClockSkew: %w", err)
+	}
+	t := &Topology{logf: opts.Logf, pods: map[string]*pod{}, added: map[netip.Addr]string{}, skew: opts.ClockSkew}
 	if t.logf == nil {
 		t.logf = func(string, ...any) {}
 	}
@@ -303,11 +312,17 @@ type host struct {
 	netns  string // name under /var/run/netns
 	ip     netip.Addr
 	cgroup string // cgroup v2 directory its processes start in; "" for the caller's
+	timeNS string // the pinned time namespace its processes enter; "" for the suite's clock
 }
 
-func (h *host) Name() string                     { return h.name }
-func (h *host) IP() netip.Addr                   { return h.ip }
-func (h *host) Start(cmd *exec.Cmd) error        { return startIn(netnsPath(h.netns), h.cgroup, cmd) }
+func (h *host) Name() string   { return h.name }
+func (h *host) IP() netip.Addr { return h.ip }
+func (h *host) Start(cmd *exec.Cmd) error {
+	if err := h.inTime(cmd); err != nil {
+		return err
+	}
+	return startIn(netnsPath(h.netns), h.cgroup, cmd)
+}
 func (h *host) NetNSPath() string                { return netnsPath(h.netns) }
 func (h *host) handle() (*netlink.Handle, error) { return handleFor(h.netns) }
 

@@ -270,6 +270,9 @@ func (n *node) enter(cmd *exec.Cmd) error {
 	if n.cgroupNS != "" {
 		args = append(args, "--cgroup="+n.cgroupNS)
 	}
+	if n.timeNS != "" {
+		args = append(args, "--time="+n.timeNS)
+	}
 	args = append(args, "--", path)
 	cmd.Args = append(args, cmd.Args[1:]...)
 	cmd.Path = nsenter

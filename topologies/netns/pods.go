@@ -164,7 +164,7 @@ func (t *Topology) AddPod(ctx context.Context, spec topologies.PodSpec) (_ topol
 		return nil, fmt.Errorf("AddPod %s: no node %q in this topology", spec.Name, spec.Node)
 	}
 	p := &pod{
-		host:        host{name: spec.Name, netns: t.runID + "-pod-" + spec.Namespace + "-" + spec.Name},
+		host:        host{name: spec.Name, netns: t.runID + "-pod-" + spec.Namespace + "-" + spec.Name, timeNS: n.timeNS},
 		namespace:   spec.Namespace,
 		node:        n,
 		labels:      maps.Clone(spec.Labels),
