@@ -121,6 +121,15 @@ type Budgets struct {
 	// reference (docs/faults.md). A dataplane that runs out of ports or takes a live
 	// flow's fails thousands.
 	SNATRetryPerMille int `budget:"snat-retry-per-mille"`
+	// ClockUncertainty is the most the suite allows a host's clock to be uncertain
+	// where the hosts read clocks of their own (a cluster of separate machines; the
+	// netns topology's clock skew): the bound the suite measures on each host's
+	// offset, with the drift over the run, must be under it, or the run is an error
+	// of its environment. Every time a check allows after a transition event is
+	// longer by it (matchers.ClockUncertainty), and a spec with a budget under ten
+	// times it is refused, since the uncertainty would be a tenth of what it judges.
+	// Nothing of it applies where every host reads the suite's clock.
+	ClockUncertainty time.Duration `budget:"clock-uncertainty"`
 }
 
 // DefaultBudgets are the budgets of the spec catalogue (docs/specs.md).
@@ -152,6 +161,7 @@ var DefaultBudgets = Budgets{
 	AddressProgrammed:  time.Second,
 	SNATChurn:          time.Minute,
 	SNATRetryPerMille:  1,
+	ClockUncertainty:   5 * time.Millisecond,
 }
 
 // Set overrides one budget by its name ("stream-max-gap=300ms", "warm-streak=50").
@@ -205,6 +215,25 @@ func (b Budgets) Validate() error {
 		}
 	}
 	return nil
+}
+
+// ClockRefusal names the first of the budgets names (a spec's Budgets) that is a time
+// a check judges and is under ten times the clock-uncertainty budget, with the
+// figures, or "" if none is. A probe's schedule is not judged, and so is not refused.
+func (b Budgets) ClockRefusal(names []string) string {
+	v := reflect.ValueOf(b)
+	t := v.Type()
+	for i := 0; i < t.NumField(); i++ {
+		name := t.Field(i).Tag.Get("budget")
+		if !slices.Contains(names, name) || t.Field(i).Tag.Get("probe") == "schedule" {
+			continue
+		}
+		d, ok := v.Field(i).Interface().(time.Duration)
+		if ok && d < 10*b.ClockUncertainty {
+			return fmt.Sprintf("budget %s=%s is under ten times clock-uncertainty=%s", name, d, b.ClockUncertainty)
+		}
+	}
+	return ""
 }
 
 // BudgetNames lists the budgets' names, in their order in Budgets.

@@ -34,6 +34,9 @@ type Env struct {
 	upgrade driver.StartOptions
 	// phase tells the runner's progress which phase the spec is in (may be nil).
 	phase func(Phase)
+	// clock is how much longer every time after a transition its checks allow, for
+	// the hosts' clocks (clock-uncertainty where they read clocks of their own).
+	clock time.Duration
 }
 
 // Record records the event name, with detail, on the world's timeline now, and
@@ -287,7 +290,7 @@ func (e *Env) check(ctx context.Context, c Check, win timeline.Window, pre bool)
 	if c.State != nil {
 		return e.checkState(ctx, c, pre)
 	}
-	m := c.Matcher.WithDefaults(matchers.MaxBlind(e.Budgets.MaxBlind), matchers.Within(e.Budgets.AliveWithin))
+	m := c.Matcher.WithDefaults(matchers.MaxBlind(e.Budgets.MaxBlind), matchers.Within(e.Budgets.AliveWithin), matchers.ClockUncertainty(e.clock))
 	ok, err := m.Match(win)
 	res := m.Result()
 	window := cmp.Or(res.Window, win.String())

@@ -128,7 +128,7 @@ func BuildReport(info driver.Info, topology string, budgets Budgets, repeat int,
 
 // Report is the result's line in report.yaml.
 func (r Result) Report() report.SpecReport {
-	sr := report.SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics, Starts: r.Starts, Timeline: filepath.ToSlash(r.Timeline), Void: r.Void, Phases: phaseReports(r.Phases)}
+	sr := report.SpecReport{ID: r.ID, Result: r.Result, Kind: string(r.Kind), Reason: r.Reason, Duration: r.Duration.String(), Diagnostics: r.Diagnostics, Starts: r.Starts, Timeline: filepath.ToSlash(r.Timeline), Void: r.Void, Phases: phaseReports(r.Phases), Clocks: r.Clocks}
 	if len(r.Runs) > 0 {
 		k, n := r.Passes()
 		sr.Passes, sr.ChecksFromRun = fmt.Sprintf("%d of %d", k, n), r.ChecksFrom

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/dpconform/dpconform/conformance/report"
 )
 
 // Result is the outcome of one spec.
@@ -48,6 +50,9 @@ type Result struct {
 	// once, or whose run was void and ran again, of its runs together): where its time
 	// went.
 	Phases []PhaseTime `json:"phases,omitempty"`
+	// Clocks are the hosts' clocks over the run (a topology whose hosts read clocks
+	// of their own; harness.MeasureClocks), of the run whose checks it carries.
+	Clocks []report.ClockReport `json:"clocks,omitempty"`
 	// Void are the reasons of runs that were void, each run again in a fresh world:
 	// a probe was blind (matchers.ErrBlind, the machine did not run it) and no check
 	// had failed, or the control flow was blind, so the run measured nothing either
@@ -116,7 +121,7 @@ func Combine(runs []Result) Result {
 		res.Reason = fmt.Sprintf("skipped in %d of %d runs: %s", count[Skipped], len(runs), runs[kept].Reason)
 	}
 	k := runs[kept]
-	res.ChecksFrom, res.Checks, res.Kind, res.Message = kept+1, k.Checks, k.Kind, k.Message
+	res.ChecksFrom, res.Checks, res.Kind, res.Message, res.Clocks = kept+1, k.Checks, k.Kind, k.Message, k.Clocks
 	if res.Result == Failed || res.Result == Errored {
 		res.Reason = fmt.Sprintf("run %d: %s", kept+1, k.Reason)
 	}

@@ -10,7 +10,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dpconform/dpconform/conformance/report"
 	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/fv/clocks"
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/workloads"
@@ -103,6 +105,7 @@ func (o *oneRun) acquire(ctx context.Context, run, runs int) {
 	w := harness.New(topo, r.cfg.Driver, r.cfg.Probe)
 	w.ProbeStderr = r.cfg.ProbeStderr
 	w.ReadyTimeout = r.cfg.Budgets.Ready
+	w.ClockAlignmentOff = r.cfg.ClockAlignmentOff
 	env := &Env{World: w, Topo: topo, Info: r.info, Budgets: r.cfg.Budgets, Logf: r.cfg.Logf, phase: o.phase}
 	// Selected checked that info offers them.
 	w.StartOptions, _ = r.info.Resolve(s.Setup.Start)
@@ -120,6 +123,20 @@ func (o *oneRun) acquire(ctx context.Context, run, runs int) {
 		}
 	})
 
+	if topologies.HasOwnClocks(topo) {
+		// Hosts of other clocks: related to the suite's before anything runs, every
+		// time after a transition allowed clock-uncertainty more, and a spec whose
+		// budgets that would blur refused (Budgets.ClockUncertainty).
+		if why := r.cfg.Budgets.ClockRefusal(s.Budgets); why != "" {
+			o.res.Result, o.res.Reason = Skipped, "refused: the hosts read clocks of their own, and "+why+": a tenth of what it judges would hang on the clocks"
+			return
+		}
+		if err := o.measureClocks(ctx, w); err != nil {
+			o.errored("environment: clocks: ", err)
+			return
+		}
+		env.clock = r.cfg.Budgets.ClockUncertainty
+	}
 	control, err := startControl(ctx, topo, r.cfg)
 	if err != nil {
 		o.errored("environment: control probe: ", err)
@@ -135,7 +152,13 @@ func (o *oneRun) acquire(ctx context.Context, run, runs int) {
 	}
 	o.res.Checks = env.Checks()
 	controlErr := control.finish(ctx, r.cfg.Budgets)
+	clockErr := o.finishClocks(ctx, w)
 	r.judge(&o.res, err, controlErr)
+	if clockErr != nil && o.res.Result != Skipped {
+		// Where the hosts' times may be further off than the checks allowed for,
+		// no verdict stands.
+		o.errored("environment: clocks: ", clockErr)
+	}
 	var msgs []string
 	for _, c := range o.res.Checks {
 		if !c.Passed && c.Message != "" {
@@ -144,6 +167,50 @@ func (o *oneRun) acquire(ctx context.Context, run, runs int) {
 	}
 	o.res.Message = strings.Join(msgs, "\n\n")
 	o.res.Timeline = r.saveTimeline(&o.res, w, env, run, runs)
+}
+
+// measureClocks relates every host's clock to the suite's (harness.MeasureClocks)
+// and refuses hosts already more uncertain than clock-uncertainty.
+func (o *oneRun) measureClocks(ctx context.Context, w *harness.World) error {
+	if err := w.MeasureClocks(ctx); err != nil {
+		return err
+	}
+	for _, hc := range w.Clocks() {
+		o.r.cfg.Logf("%s: %s's clock is %s from the suite's (least round trip %s of %d exchanges)", o.spec.ID, hc.Host, hc.First, hc.First.RTT, hc.First.Samples)
+	}
+	return o.clocksWithin(w.Clocks())
+}
+
+// finishClocks measures the hosts' clocks again at the end, records every host's
+// figures in the result, and says whether a time a host stamped may be further off
+// than clock-uncertainty. A world of one clock has nothing to measure.
+func (o *oneRun) finishClocks(ctx context.Context, w *harness.World) error {
+	if !topologies.HasOwnClocks(w.Topo) {
+		return nil
+	}
+	hcs, err := w.FinishClocks(ctx)
+	for _, hc := range hcs {
+		o.res.Clocks = append(o.res.Clocks, clockReport(hc))
+	}
+	if err != nil {
+		return err
+	}
+	return o.clocksWithin(hcs)
+}
+
+func (o *oneRun) clocksWithin(hcs []harness.HostClock) error {
+	limit := o.r.cfg.Budgets.ClockUncertainty
+	for _, hc := range hcs {
+		if u := hc.Uncertainty(); u > limit {
+			return fmt.Errorf("%s's clock is %s from the suite's with an uncertainty of %s (least round trip %s, drift %s), over clock-uncertainty=%s: the times it stamps cannot be placed as finely as the checks allow for; measure over a quieter path, or raise the budget", hc.Host, hc.First, u, hc.First.RTT, hc.Drift(), limit)
+		}
+	}
+	return nil
+}
+
+func clockReport(hc harness.HostClock) report.ClockReport {
+	return report.ClockReport{Host: hc.Host, Offset: clocks.Signed(hc.First.Offset), Uncertainty: hc.Uncertainty().String(),
+		Drift: clocks.Signed(hc.Drift()), RTT: hc.First.RTT.String(), Samples: hc.First.Samples}
 }
 
 // teardown runs the stages that take the run down, the last set up first; then the

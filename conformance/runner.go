@@ -37,6 +37,15 @@ type Config struct {
 	// outlive them, reset between runs to their state at start, instead of each run
 	// starting its own (netns.ControlPlanes): ~3 s less per run. The caller closes it.
 	ControlPlanes *netns.ControlPlanes
+	// ClockSkew gives the default netns topologies' hosts clocks of their own
+	// (netns.Options.ClockSkew), as the machines of a real cluster have: the suite
+	// then measures and converts them, and a run shows that it does.
+	ClockSkew time.Duration
+	// ClockAlignmentOff leaves every host's times on its own clock, as if it were the
+	// suite's (harness.World.ClockAlignmentOff): the self-test's switch, which shows
+	// that with hosts of other clocks a run without alignment fails. Never for a
+	// certification.
+	ClockAlignmentOff bool
 	// OutputDir receives diagnostics of failed specs (default _output/conformance).
 	OutputDir string
 	// SpecTimeout bounds one run of a spec (default 5 min).
@@ -106,7 +115,7 @@ func NewRunner(ctx context.Context, cfg Config) (*Runner, error) {
 	}
 	if cfg.NewTopology == nil {
 		cfg.NewTopology = func(ctx context.Context, info driver.Info) (topologies.Topology, error) {
-			return netns.New(ctx, netns.Options{CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: cfg.Logf, ControlPlanes: cfg.ControlPlanes})
+			return netns.New(ctx, netns.Options{CNIConfig: info.CNI, CNIDirs: info.CNIDirs(), Logf: cfg.Logf, ControlPlanes: cfg.ControlPlanes, ClockSkew: cfg.ClockSkew})
 		}
 	}
 	info, err := cfg.Driver.Info(ctx)

@@ -94,6 +94,7 @@ type specView struct {
 	Message                  string
 	Diagnostics              []string
 	HostSettings             []string
+	Clocks                   []report.ClockReport
 	Timeline                 string
 }
 
@@ -208,7 +209,7 @@ func RenderHTML(rec RunRecord, dir string) ([]byte, error) {
 func specPage(s report.SpecReport, r conformance.Result, dir string) specView {
 	sv := specView{ID: s.ID, Profile: string(r.Profile), Description: r.Description, Result: s.Result, Kind: r.FailedKindsText(), Reason: s.Reason,
 		Duration: seconds(r.Duration), Passes: s.Passes, Open: s.Result == conformance.Failed || s.Result == conformance.Errored, ChecksFromRun: s.ChecksFromRun,
-		Spread: s.Spread, Message: r.Message, Diagnostics: s.Diagnostics, HostSettings: s.HostSettings, Timeline: s.Timeline}
+		Spread: s.Spread, Message: r.Message, Diagnostics: s.Diagnostics, HostSettings: s.HostSettings, Clocks: s.Clocks, Timeline: s.Timeline}
 	for i, run := range r.Runs {
 		sv.Runs = append(sv.Runs, runView{Run: i + 1, Result: run.Result, Kind: run.FailedKindsText(), Duration: seconds(run.Duration), Reason: run.Reason})
 	}

@@ -100,6 +100,11 @@ type SpecReport struct {
 	// HostSettings are the host-wide kernel settings the implementation changed
 	// during the spec, e.g. "kernel.timer_migration 1 -> 0 (restored)".
 	HostSettings []string `json:"hostSettings,omitempty"`
+	// Clocks are, on a topology whose hosts read clocks of their own (a cluster of
+	// separate machines), each host's clock against the suite's over the run the
+	// checks are from: the offset every time it stamped was converted with, and how
+	// far such a time may be from where the suite placed it.
+	Clocks []ClockReport `json:"clocks,omitempty"`
 	// Void are the reasons of runs that measured nothing (a probe was blind: the
 	// machine did not run it) and were run again in a fresh world.
 	Void []string `json:"void,omitempty"`
@@ -109,6 +114,23 @@ type SpecReport struct {
 	// Timeline is the raw timeline of the run the checks are from (gzipped JSON,
 	// relative to the report), from which report.html draws its charts.
 	Timeline string `json:"timeline,omitempty"`
+}
+
+// ClockReport is one host's CLOCK_MONOTONIC against the suite's, measured NTP-style
+// over the control channel of a probe on the host, at the run's start and its end.
+type ClockReport struct {
+	Host string `json:"host"`
+	// Offset is the host's clock minus the suite's, at the start (e.g. "+16m40.000021s").
+	Offset string `json:"offset"`
+	// Uncertainty bounds how far any time the host stamped during the run may be from
+	// where the suite placed it: half the least round trip of an exchange, and the
+	// drift over the run.
+	Uncertainty string `json:"uncertainty"`
+	// Drift is how far the offset moved from the start to the end.
+	Drift string `json:"drift"`
+	// RTT is the least round trip of the exchanges at the start, of Samples.
+	RTT     string `json:"rtt"`
+	Samples int    `json:"samples"`
 }
 
 // FigureSpread is one figure of a check over the runs of a repeated spec.

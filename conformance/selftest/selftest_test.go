@@ -92,8 +92,27 @@ func runWith(ctx context.Context, s conformance.Spec, path, name string, budgets
 	return res
 }
 
+// EnvClockSkew, set to a duration (1000s), runs the whole self-test with every host on
+// a clock of its own (netns.Options.ClockSkew): `make selftest CLOCK_SKEW=1000s`.
+const EnvClockSkew = "DPC_CLOCK_SKEW"
+
+// clockSkew is EnvClockSkew's value.
+var clockSkew = func() time.Duration {
+	d, err := time.ParseDuration(os.Getenv(EnvClockSkew))
+	if os.Getenv(EnvClockSkew) != "" && err != nil {
+		panic(fmt.Sprintf("%s=%q: want a duration such as 1000s: %v", EnvClockSkew, os.Getenv(EnvClockSkew), err))
+	}
+	return d
+}()
+
 // run is runWith without Gomega, for runs off the spec's goroutine.
 func run(ctx context.Context, s conformance.Spec, path, name string, budgets conformance.Budgets, env ...string) (conformance.Result, error) {
+	return runConfig(ctx, s, path, name, conformance.Config{Budgets: budgets, ClockSkew: clockSkew}, env...)
+}
+
+// runConfig runs one spec against the driver at path with cfg (its Budgets, clock
+// skew and alignment; the rest is the self-test's).
+func runConfig(ctx context.Context, s conformance.Spec, path, name string, cfg conformance.Config, env ...string) (conformance.Result, error) {
 	d, err := driver.NewExec(path, driver.DefaultTimeouts, env...)
 	if err != nil {
 		return conformance.Result{}, err
@@ -102,11 +121,10 @@ func run(ctx context.Context, s conformance.Spec, path, name string, budgets con
 	if err != nil {
 		return conformance.Result{}, err
 	}
-	r, err := conformance.NewRunner(ctx, conformance.Config{
-		Driver: d, Probe: prog, Budgets: budgets, ControlPlanes: controlPlanes,
-		OutputDir: filepath.Join("..", "..", "_output", "selftest", s.ID, name),
-		Logf:      func(f string, a ...any) { GinkgoWriter.Printf(s.ID+" "+name+": "+f+"\n", a...) },
-	})
+	cfg.Driver, cfg.Probe, cfg.ControlPlanes = d, prog, controlPlanes
+	cfg.OutputDir = filepath.Join("..", "..", "_output", "selftest", s.ID, name)
+	cfg.Logf = func(f string, a ...any) { GinkgoWriter.Printf(s.ID+" "+name+": "+f+"\n", a...) }
+	r, err := conformance.NewRunner(ctx, cfg)
 	if err != nil {
 		return conformance.Result{}, err
 	}

@@ -57,3 +57,13 @@ func TestEverySpecIsDescribed(t *testing.T) {
 		}
 	}
 }
+
+// TestNoSpecRefusedOnOtherClocks: at the default clock-uncertainty, hosts of clocks of
+// their own (a cluster of machines) refuse no spec of the catalogue.
+func TestNoSpecRefusedOnOtherClocks(t *testing.T) {
+	for _, s := range conformance.Specs() {
+		if why := conformance.DefaultBudgets.ClockRefusal(s.Budgets); why != "" {
+			t.Errorf("%s is refused at the default clock-uncertainty: %s", s.ID, why)
+		}
+	}
+}

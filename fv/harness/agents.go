@@ -158,7 +158,8 @@ func (w *World) WaitReady(ctx context.Context, n topologies.Node) error {
 			lastErr = nil
 			last = st
 			if st.Ready {
-				w.Timeline().RecordAt(readyAt(asked, monotime.Now(), st.ReadySinceNS), timeline.Ready, n.Name())
+				since := int64(w.toSuite(n.Name(), monotime.Time(st.ReadySinceNS))) // the node's clock
+				w.Timeline().RecordAt(readyAt(asked, monotime.Now(), since), timeline.Ready, n.Name())
 				return nil
 			}
 			if st.Running {

@@ -44,6 +44,9 @@ type World struct {
 	// KubeProxyReadyTimeout instead, so that a budget tightened for the
 	// implementation (a stub that never becomes ready) does not fail its set-up.
 	ReadyTimeout time.Duration
+	// ClockAlignmentOff leaves every time a host writes on that host's clock, as if
+	// it were the suite's: a test's switch, to show that alignment does the work.
+	ClockAlignmentOff bool
 
 	mu sync.Mutex
 	// timeline records what happens in the world (Timeline, NewTimeline).
@@ -58,6 +61,11 @@ type World struct {
 	reaches   []*probe.Process // reach probes, which end on their own (Reach waits)
 	retired   map[string]monotime.Time
 	kubeProxy map[string]*kubeproxy.Fixture // by node, while it holds the node
+	// clocks are the hosts' clocks (MeasureClocks), by host; clockProbes answer
+	// their exchanges; probeHost is the host of each probe the world started.
+	clocks      map[string]*HostClock
+	clockProbes []*probe.Process
+	probeHost   map[string]string
 }
 
 // DefaultReadyTimeout is how long WaitReady waits when World.ReadyTimeout is zero.
@@ -99,8 +107,10 @@ func (w *World) Cleanup(ctx context.Context) error {
 	w.servers, w.reaches, w.serverOn = nil, nil, nil
 	kps := w.kubeProxy
 	w.kubeProxy = nil
+	clockProbes := w.clockProbes
+	w.clockProbes = nil
 	w.mu.Unlock()
-	errs := []error{w.StopProbes(ctx), stopAll(ctx, reaches), stopAll(ctx, servers)}
+	errs := []error{w.StopProbes(ctx), stopAll(ctx, reaches), stopAll(ctx, servers), stopAll(ctx, clockProbes)}
 	// Pods go before the implementation's clean-up, as a node is drained: a CNI DEL
 	// may need the agent (Cilium's and Calico's plugins ask it), which the driver's
 	// clean-up stops.

@@ -32,7 +32,7 @@ func (w *World) StartProbe(ctx context.Context, h topologies.Host, cfg probe.Con
 			}
 		}
 	}
-	p, err := probe.Start(ctx, h, w.Probe, cfg, probe.Options{OnEvent: onEvent, Stderr: w.ProbeStderr})
+	p, err := probe.Start(ctx, h, w.Probe, cfg, probe.Options{OnEvent: onEvent, Stderr: w.ProbeStderr, Clock: w.probeClock(h, cfg.ProbeName())})
 	if err != nil {
 		return nil, fmt.Errorf("on %s: %w", h.Name(), err)
 	}

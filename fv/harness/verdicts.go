@@ -59,7 +59,7 @@ func (w *World) PollVerdicts(ctx context.Context) (stop func() error) {
 		}
 		vs := make([]timeline.Verdict, len(evs.Events))
 		for i, e := range evs.Events {
-			vs[i] = timeline.Verdict{Time: monotime.Time(e.TimeNS), Node: p.n.Name(), Verdict: e.Verdict, Src: e.Src, Dst: e.Dst,
+			vs[i] = timeline.Verdict{Time: w.toSuite(p.n.Name(), monotime.Time(e.TimeNS)), Node: p.n.Name(), Verdict: e.Verdict, Src: e.Src, Dst: e.Dst,
 				Proto: e.Proto, Sport: e.Sport, Dport: e.Dport, Reason: e.Reason}
 		}
 		w.Timeline().AddVerdicts(p.n.Name(), through, vs)

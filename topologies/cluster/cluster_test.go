@@ -17,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/dpconform/dpconform/fv/harness"
+	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/topologies"
 )
 
@@ -50,7 +52,7 @@ func needCluster(t *testing.T) Options {
 		// kind-cluster-conformance` brings and then runs this test binary on.
 		t.Skipf("SKIPPED LOUDLY: no cluster to test on: set %s (a kubeconfig) and %s (the dpconform binary whose probe image the nodes have); `make kind-cluster-conformance` does", envKubeconfig, envDpconform)
 	}
-	return Options{Kubeconfig: kc, ProbeBinary: bin, ExternalAddress: testExternal, Logf: t.Logf}
+	return Options{Kubeconfig: kc, ProbeBinary: bin, ExternalAddress: testExternal, Logf: t.Logf, MeasureClocks: true}
 }
 
 // childRun opens the cluster, says its run ID and waits to be killed: a run killed
@@ -188,6 +190,36 @@ func TestOnCluster(t *testing.T) {
 		want := []string{"namespace/" + c.Namespace(), "pod/" + c.Namespace() + "/node-0", "pod/" + c.Namespace() + "/node-1"}
 		if strings.Join(after, " ") != strings.Join(want, " ") {
 			t.Errorf("after the spec: %v, want only the run's namespace and helpers %v", after, want)
+		}
+	})
+
+	t.Run("hosts' clocks measured over the probes' control channel", func(t *testing.T) {
+		// Open with MeasureClocks: kind's nodes share this machine's clock, so the
+		// truth is an offset of zero, and each estimate's bound must cover it.
+		topo, err := c.Session(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer topo.Close()
+		if !topologies.HasOwnClocks(topo) {
+			t.Fatal("MeasureClocks: the topology does not ask for its clocks to be measured")
+		}
+		w := harness.New(topo, nil, probe.Binary(opts.ProbeBinary))
+		if err := w.MeasureClocks(ctx); err != nil {
+			t.Fatal(err)
+		}
+		hcs, err := w.FinishClocks(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hcs) != 3 {
+			t.Fatalf("clocks of %d hosts, want the two nodes' and the external client's", len(hcs))
+		}
+		for _, hc := range hcs {
+			t.Logf("%s: %s, least round trip %s of %d, drift %s, uncertainty %s", hc.Host, hc.First, hc.First.RTT, hc.First.Samples, hc.Drift(), hc.Uncertainty())
+			if u := hc.Uncertainty(); hc.First.Offset < -u || hc.First.Offset > u {
+				t.Errorf("%s shares this machine's clock, but was measured %s: the bound does not cover zero", hc.Host, hc.First)
+			}
 		}
 	})
 

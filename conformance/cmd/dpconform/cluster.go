@@ -17,6 +17,7 @@ import (
 type clusterOptions struct {
 	kubeconfig, selector, externalAddress, externalNode, image, path string
 	spares                                                           multiFlag
+	measureClocks                                                    bool
 }
 
 func (o *clusterOptions) flags(fs *flag.FlagSet) {
@@ -26,12 +27,13 @@ func (o *clusterOptions) flags(fs *flag.FlagSet) {
 	fs.StringVar(&o.externalNode, "external-node", "", "cluster: the node (not under test) of the external client's host-network pod (default: the first Ready node the selector leaves out)")
 	fs.StringVar(&o.image, "probe-image", "", "cluster: the image of the suite's pods, holding the dpconform binary (default: the image a kind run loads, dpconform.local/probe:<digest of this binary>)")
 	fs.StringVar(&o.path, "probe-path", "", "cluster: the dpconform binary's path in --probe-image (default: this binary's path)")
+	fs.BoolVar(&o.measureClocks, "measure-clocks", false, "cluster: measure every host's clock against this machine's and place its times on it, even where the nodes share this machine's clock (kind); nodes of other clocks are always measured")
 	fs.Var(&o.spares, "spare-address", "cluster: NODE=IP, a free address on the network of the node's interface, for NODE-ADDRESS-CHANGE (repeatable; a comma-separated list works too)")
 }
 
 func (o *clusterOptions) options(self string, logf func(string, ...any)) (cluster.Options, error) {
 	opts := cluster.Options{Kubeconfig: o.kubeconfig, NodeSelector: o.selector, ExternalAddress: o.externalAddress, ExternalNode: o.externalNode,
-		ProbeImage: o.image, ProbePath: o.path, ProbeBinary: self, Logf: logf, SpareAddresses: map[string]netip.Addr{}}
+		ProbeImage: o.image, ProbePath: o.path, ProbeBinary: self, Logf: logf, SpareAddresses: map[string]netip.Addr{}, MeasureClocks: o.measureClocks}
 	for _, v := range o.spares {
 		for _, kv := range strings.Split(v, ",") {
 			if kv == "" {

@@ -54,6 +54,7 @@ func run(args []string) error {
 	kindThen := fs.String("kind-then", "", "kind: a shell command to run after the suite, while the cluster is still up, with DPC_KIND_KUBECONFIG, DPC_KIND_HOST_ADDRESS (this machine as the nodes reach it) and DPC_KIND_SPARE_ADDRESSES (node=IP,...) set; its failure fails the run (make kind-conformance runs the cluster topology on the same cluster this way)")
 	var co clusterOptions
 	co.flags(fs)
+	clockSkew := fs.Duration("clock-skew", 0, "netns: give each node and the external client a CLOCK_MONOTONIC of its own, as on a cluster of separate machines: node i's `D`×(i+1) ahead of the suite's, the external client's D behind (time namespaces; whole seconds, e.g. 1000s); the report gives each host's measured offset and uncertainty")
 	repeat := fs.Int("repeat", 1, "run each selected spec `N` times, each in a fresh world; a spec passes only if all N runs pass, and the report gives its passes as k of N")
 	fs.Parse(args)
 	if *drv == "" {
@@ -70,6 +71,9 @@ func run(args []string) error {
 	}
 	if *topology == "cluster" && co.kubeconfig == "" {
 		return errors.New("--topology cluster needs --kubeconfig: the kubeconfig of the cluster to certify on")
+	}
+	if *clockSkew != 0 && *topology != "netns" {
+		return errors.New("--clock-skew is for --topology netns: a cluster's machines have clocks of their own already")
 	}
 	if *kindThen != "" && *topology != "kind" {
 		return errors.New("--kind-then is for --topology kind")
@@ -92,7 +96,7 @@ func run(args []string) error {
 	// One control plane serves the runs one after another, reset between them.
 	pool := netns.NewControlPlanes("", nil)
 	defer pool.Close()
-	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets, Repeat: *repeat, ControlPlanes: pool}
+	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets, Repeat: *repeat, ControlPlanes: pool, ClockSkew: *clockSkew}
 	if cfg.Profiles, err = conformance.ParseProfiles(*profiles); err != nil {
 		return fmt.Errorf("--profiles: %w", err)
 	}
