@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/dpconform/dpconform/fv/clocks"
@@ -53,7 +54,7 @@ func (w *World) MeasureClocks(ctx context.Context) error {
 			return fmt.Errorf("the clock probe of %s: %w", h.Name(), err)
 		}
 		w.mu.Lock()
-		w.clockProbes = append(w.clockProbes, p)
+		w.clockProbes = append(w.clockProbes, clockProbe{host: h.Name(), p: p})
 		w.mu.Unlock()
 		est, err := clocks.Measure(ctx, p, clocks.Exchanges)
 		if err != nil {
@@ -69,22 +70,30 @@ func (w *World) MeasureClocks(ctx context.Context) error {
 	return nil
 }
 
+// clockProbe is the clock probe on a host.
+type clockProbe struct {
+	host string
+	p    *probe.Process
+}
+
 // FinishClocks measures each host's clock again, stops the clock probes, and returns
 // every host's clock over the run, sorted by host. A world of one clock has none.
 func (w *World) FinishClocks(ctx context.Context) ([]HostClock, error) {
 	w.mu.Lock()
-	ps := w.clockProbes
+	cps := w.clockProbes
 	w.clockProbes = nil
 	w.mu.Unlock()
 	var errs []error
-	for _, p := range ps {
-		host := p.Name()[len("clock-"):]
-		est, err := clocks.Measure(ctx, p, clocks.Exchanges)
+	ps := make([]*probe.Process, len(cps))
+	for i, cp := range cps {
+		ps[i] = cp.p
+		est, err := clocks.Measure(ctx, cp.p, clocks.Exchanges)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("measure the clock of %s again: %w", host, err))
+			errs = append(errs, fmt.Errorf("measure the clock of %s again: %w", cp.host, err))
+			continue
 		}
 		w.mu.Lock()
-		if hc := w.clocks[host]; hc != nil && err == nil {
+		if hc := w.clocks[cp.host]; hc != nil {
 			hc.Last = est
 		}
 		w.mu.Unlock()
@@ -101,15 +110,7 @@ func (w *World) Clocks() []HostClock {
 	for _, hc := range w.clocks {
 		out = append(out, *hc)
 	}
-	slices.SortFunc(out, func(a, b HostClock) int {
-		switch {
-		case a.Host < b.Host:
-			return -1
-		case a.Host > b.Host:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b HostClock) int { return strings.Compare(a.Host, b.Host) })
 	return out
 }
 
@@ -128,18 +129,24 @@ func (w *World) ClockUncertainty() time.Duration {
 // when alignment is off (ClockAlignmentOff).
 func (w *World) toSuite(host string, t monotime.Time) monotime.Time {
 	w.mu.Lock()
-	hc := w.clocks[host]
-	off := w.ClockAlignmentOff
-	w.mu.Unlock()
-	if hc == nil || off {
-		return t
-	}
-	return hc.First.ToSuite(t)
+	defer w.mu.Unlock()
+	return w.converterLocked(host)(t)
 }
 
-// probeClock is the conversion a probe on h is started with (probe.Options.Clock),
-// nil in a world of one clock. A probe's own times are its host's; a server's
-// KindRecv also carries the sender's stamp, converted by the sender's host.
+// converterLocked is toSuite for one host, fixed: the estimate a host's times are
+// converted with is the one MeasureClocks made, all run long. w.mu is held.
+func (w *World) converterLocked(host string) func(monotime.Time) monotime.Time {
+	hc := w.clocks[host]
+	if hc == nil || w.ClockAlignmentOff {
+		return func(t monotime.Time) monotime.Time { return t }
+	}
+	return hc.First.ToSuite
+}
+
+// probeClock is the conversion a probe named name on h is started with
+// (probe.Options.Clock), nil in a world of one clock. A probe's own times are its
+// host's; a server's KindRecv also carries the sender's stamp, converted by the
+// clock of the host the world started the sender on.
 func (w *World) probeClock(h topologies.Host, name string) func(string, monotime.Time) monotime.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -150,13 +157,17 @@ func (w *World) probeClock(h topologies.Host, name string) func(string, monotime
 		w.probeHost = map[string]string{}
 	}
 	w.probeHost[name] = clockHost(h)
+	own := w.converterLocked(clockHost(h))
 	return func(probeName string, t monotime.Time) monotime.Time {
-		w.mu.Lock()
-		host, ok := w.probeHost[probeName]
-		w.mu.Unlock()
-		if !ok {
-			return t
+		if probeName == name {
+			return own(t)
 		}
-		return w.toSuite(host, t)
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		host, ok := w.probeHost[probeName]
+		if !ok {
+			return t // not the world's: the suite's own namespace
+		}
+		return w.converterLocked(host)(t)
 	}
 }

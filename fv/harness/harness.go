@@ -64,7 +64,7 @@ type World struct {
 	// clocks are the hosts' clocks (MeasureClocks), by host; clockProbes answer
 	// their exchanges; probeHost is the host of each probe the world started.
 	clocks      map[string]*HostClock
-	clockProbes []*probe.Process
+	clockProbes []clockProbe
 	probeHost   map[string]string
 }
 
@@ -107,7 +107,10 @@ func (w *World) Cleanup(ctx context.Context) error {
 	w.servers, w.reaches, w.serverOn = nil, nil, nil
 	kps := w.kubeProxy
 	w.kubeProxy = nil
-	clockProbes := w.clockProbes
+	var clockProbes []*probe.Process
+	for _, cp := range w.clockProbes {
+		clockProbes = append(clockProbes, cp.p)
+	}
 	w.clockProbes = nil
 	w.mu.Unlock()
 	errs := []error{w.StopProbes(ctx), stopAll(ctx, reaches), stopAll(ctx, servers), stopAll(ctx, clockProbes)}
