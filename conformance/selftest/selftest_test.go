@@ -62,15 +62,19 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 // runSpec runs one spec against the reference with the given faults on.
 func runSpec(ctx context.Context, s conformance.Spec, faults ...string) conformance.Result {
 	GinkgoHelper()
-	var env []string
-	if len(faults) > 0 {
-		env = append(env, "DPC_REFDP_FAULTS="+strings.Join(faults, ","))
-	}
 	name := "clean"
 	if len(faults) > 0 {
 		name = strings.Join(faults, "+")
 	}
-	return runWith(ctx, s, bins["refdp-driver"], name, testBudgets(), env...)
+	return runWith(ctx, s, bins["refdp-driver"], name, testBudgets(), faultEnv(faults)...)
+}
+
+// faultEnv is the driver environment that turns the reference's faults on.
+func faultEnv(faults []string) []string {
+	if len(faults) == 0 {
+		return nil
+	}
+	return []string{"DPC_REFDP_FAULTS=" + strings.Join(faults, ",")}
 }
 
 // testBudgets are the budgets of the catalogue, but for SVC-SNAT-PRESSURE's churn:
@@ -344,13 +348,19 @@ var _ = Describe("every spec", func() {
 						GinkgoWriter.Printf("%s passed against %s in run %d of up to %d: its rate is below one (docs/faults.md)\n", s.ID, fc.Fault, run, fc.Runs)
 						continue
 					}
-					Expect(res.Result).To(Equal(conformance.Failed), "the spec must fail against %s, but: %s %s", fc.Fault, res.Result, res.Reason)
-					kinds := res.FailedKinds()
-					Expect(slices.ContainsFunc(kinds, func(k conformance.FailureKind) bool { return slices.Contains(fc.Kinds, k) })).
-						To(BeTrue(), "it failed with %v, want one of %v: %s", kinds, fc.Kinds, res.Reason)
+					expectCaught(res, fc)
 					return
 				}
 			}, SpecTimeout(time.Duration(max(fc.Runs, 1))*6*time.Minute))
 		}
 	}
 })
+
+// expectCaught asserts that res failed against fc's fault with a kind fc declares.
+func expectCaught(res conformance.Result, fc conformance.FaultCase) {
+	GinkgoHelper()
+	Expect(res.Result).To(Equal(conformance.Failed), "the spec must fail against %s, but: %s %s", fc.Fault, res.Result, res.Reason)
+	kinds := res.FailedKinds()
+	Expect(slices.ContainsFunc(kinds, func(k conformance.FailureKind) bool { return slices.Contains(fc.Kinds, k) })).
+		To(BeTrue(), "it failed with %v, want one of %v: %s", kinds, fc.Kinds, res.Reason)
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/dpconform/dpconform/fv/clocks"
 	"github.com/dpconform/dpconform/fv/monotime"
@@ -112,16 +111,6 @@ func (w *World) Clocks() []HostClock {
 	}
 	slices.SortFunc(out, func(a, b HostClock) int { return strings.Compare(a.Host, b.Host) })
 	return out
-}
-
-// ClockUncertainty is the largest bound on any host's converted times: zero in a
-// world of one clock.
-func (w *World) ClockUncertainty() time.Duration {
-	var u time.Duration
-	for _, hc := range w.Clocks() {
-		u = max(u, hc.Uncertainty())
-	}
-	return u
 }
 
 // toSuite converts t, read on host's clock, to the suite's. A host the world has not

@@ -32,7 +32,8 @@ roles:
 
 The probe writes one JSON event per line on stdout and reads commands on stdin:
 "stop" (or closing stdin, or SIGTERM) stops it cleanly, "mark" asks for a watermark,
-"clock" for a reading of CLOCK_MONOTONIC, written at once. A reach probe exits by itself once it has reported every target.
+"clock" for a reading of CLOCK_MONOTONIC, written at once. A reach probe exits by
+itself once it has reported every target.
 "probe <role> -h" lists a role's flags.
 `
 
