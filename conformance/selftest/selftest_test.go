@@ -312,6 +312,16 @@ var _ = Describe("a stub implementation", Ordered, ContinueOnFailure, func() {
 		It(text, func(ctx SpecContext) {
 			res, err := nothing.result(ctx)
 			Expect(err).NotTo(HaveOccurred())
+			if s.Profile == conformance.ModeSwitch && slices.Equal(res.FailedKinds(), []conformance.FailureKind{matchers.KindPrecondition}) {
+				// Before the switch the real kube-proxy carries the traffic, not the
+				// stub: once in some hundred runs, with another stub's world sharing the
+				// two cores, an attempt through it timed out in the steady state (CI,
+				// 2026-12-05), and the run ended before the switch it is here to judge.
+				// That says nothing of the stub; its verdict is the next run's.
+				GinkgoWriter.Printf("%s: kube-proxy's steady state failed before the switch (%s); running it once more\n", s.ID, res.Reason)
+				res, err = run(ctx, nothing.spec, nothing.driver, nothing.name, nothing.budgets)
+				Expect(err).NotTo(HaveOccurred())
+			}
 			Expect(res.Result).To(Equal(conformance.Failed), "%s: %s", res.Result, res.Reason)
 			Expect(res.FailedKinds()).To(ContainElement(want), res.Reason)
 		}, SpecTimeout(3*time.Minute))
