@@ -35,6 +35,11 @@ usage:
                                        (each spec N times: it passes only if all N pass;
                                        the report gives each figure's spread); cluster:
                                        an existing cluster (docs/certification.md)
+  dpconform fuzz --driver PATH [--seed S] [--duration T | --rounds N] [--steps N]
+                 [--replay FILE] [--output DIR]
+                                       compose transitions at random, judge them from a
+                                       model of the Services, and shrink a failing
+                                       schedule to a replay file (docs/fuzzing.md)
   dpconform report DIR                 make report.yaml and report.html again from the
                                        run data saved in DIR
   dpconform specs [--markdown]         list the spec catalogue (--markdown: docs/specs.md)
@@ -71,6 +76,8 @@ func main() {
 	switch os.Args[1] {
 	case "run":
 		err = run(os.Args[2:])
+	case "fuzz":
+		err = fuzzCmd(os.Args[2:])
 	case "report":
 		err = rebuildReport(os.Args[2:])
 	case "specs":

@@ -1,0 +1,98 @@
+package fuzz_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/fuzz"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/internal/buildbin"
+	"github.com/dpconform/dpconform/internal/privileged"
+	"github.com/dpconform/dpconform/topologies/netns"
+)
+
+func TestMain(m *testing.M) {
+	probe.RunIfChild()
+	os.Exit(m.Run())
+}
+
+// runner is a Runner of the reference with faults on (DPC_REFDP_FAULTS).
+func runner(t *testing.T, ctx context.Context, bins map[string]string, pool *netns.ControlPlanes, faults string) *conformance.Runner {
+	t.Helper()
+	var env []string
+	if faults != "" {
+		env = append(env, "DPC_REFDP_FAULTS="+faults)
+	}
+	d, err := driver.NewExec(bins["refdp-driver"], driver.DefaultTimeouts, env...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prog, err := probe.Self()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := conformance.NewRunner(ctx, conformance.Config{Driver: d, Probe: prog, ControlPlanes: pool,
+		OutputDir: filepath.Join(t.TempDir(), "out"), Logf: t.Logf})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A short seeded fuzz run, as make test runs it: the clean reference passes two
+// rounds; with a fault that any restart of an agent shows (its conntrack is not
+// pinned, so established flows are reset), the first round that restarts one fails,
+// the schedule shrinks to that one step, and its replay file fails again.
+func TestFuzzReference(t *testing.T) {
+	privileged.Require(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	bins, err := buildbin.Build(ctx, t.TempDir(), "reference/cmd/refdp", "drivers/refdp-driver")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := netns.NewControlPlanes("", t.Logf)
+	defer pool.Close()
+
+	t.Run("clean", func(t *testing.T) {
+		g := NewWithT(t)
+		run, err := fuzz.Fuzz(ctx, runner(t, ctx, bins, pool, ""), fuzz.Options{Seed: 1, Rounds: 2, Logf: t.Logf})
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(run.Rounds).To(HaveLen(2))
+		for _, rd := range run.Rounds {
+			g.Expect(rd.Result).To(Equal(conformance.Passed), "round %d: %s", rd.Round, rd.Reason)
+		}
+		g.Expect(run.Finding).To(BeNil())
+	})
+
+	t.Run("finds and shrinks unpinned-conntrack", func(t *testing.T) {
+		g := NewWithT(t)
+		r := runner(t, ctx, bins, pool, "unpinned-conntrack")
+		run, err := fuzz.Fuzz(ctx, r, fuzz.Options{Seed: 1, Rounds: 3, Shrink: true, Replays: 1, Logf: t.Logf})
+		g.Expect(err).NotTo(HaveOccurred())
+		f := run.Finding
+		g.Expect(f).NotTo(BeNil(), "no violation in %d rounds", len(run.Rounds))
+		g.Expect(f.Kinds).To(ContainElement(conformance.FailureKind("reset")), f.Reason)
+		g.Expect(f.Shrunk).NotTo(BeNil())
+		g.Expect(f.Shrunk.Actions).To(HaveLen(1), "shrunk to:\n%s", f.Shrunk)
+		g.Expect(f.Shrunk.Actions[0].Op).To(BeElementOf(fuzz.OpRestart, fuzz.OpCrash, fuzz.OpUpgrade, fuzz.OpOutage))
+		t.Logf("found after %s in round %d; shrunk in %d replays to:\n%s", f.After, f.Round, f.ShrinkRuns, f.Shrunk)
+
+		path := filepath.Join(t.TempDir(), "replay.yaml")
+		g.Expect(fuzz.NewReplayFile(r, *f.Shrunk, *f.Replayed).Write(path)).To(Succeed())
+		rf, err := fuzz.ReadReplayFile(path)
+		g.Expect(err).NotTo(HaveOccurred())
+		res := fuzz.Replay(ctx, r, rf.Schedule)
+		g.Expect(res.Result).To(Equal(conformance.Failed), res.Reason)
+		g.Expect(slices.ContainsFunc(res.FailedKinds(), func(k conformance.FailureKind) bool { return slices.Contains(f.Kinds, k) })).To(BeTrue(),
+			"the replay fails as the round did: %v, %v", res.FailedKinds(), f.Kinds)
+	})
+}

@@ -1,0 +1,384 @@
+package fuzz
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/timeline"
+	"github.com/dpconform/dpconform/fv/workloads"
+	"github.com/dpconform/dpconform/topologies"
+)
+
+// Names of the events a round records on its timeline, besides those of the steps.
+const (
+	// EventStep: a schedule's step starts; its detail is "3: +1.250s crash node 1".
+	EventStep = "fuzz-step"
+	// EventLabelled: a spare backend's app label is about to change; its detail is
+	// "spare-a app=web-local". The model of the Services is built from these.
+	EventLabelled = "backend-labelled"
+)
+
+// idleApp is the app label of a spare backend that no Service selects.
+const idleApp = "fuzz-idle"
+
+// streamsPerFlow is how many long-lived streams a round holds on each service flow.
+const streamsPerFlow = 2
+
+// Spares are the spare backends of a round's world, one per node in this order:
+// each serves throughout, and the schedule labels it into and out of the Services.
+var Spares = []string{"spare-a", "spare-b"}
+
+// Services are the Services of a round's world (the Core fixture's), each with its
+// own backend that never leaves it.
+var Services = []string{"web-local", "web-remote"}
+
+// ClaimsOf are the claims a schedule for info may draw on.
+func ClaimsOf(info driver.Info) Claims {
+	return Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: upgrades(info)}
+}
+
+// upgrades reports whether info offers a version to upgrade to from the one before.
+func upgrades(info driver.Info) bool {
+	return info.HasProfile(string(conformance.Upgrade)) && len(info.Versions) >= 2
+}
+
+// Spec is the spec that runs one schedule in a world of its own: the Core fixture
+// (a client pod and a backend on each node, a ClusterIP and NodePort Service for
+// each backend) and a spare backend on each node; new connections every
+// connect-interval and two long-lived streams on each of the four service paths;
+// the schedule's steps; and the model's checks over the whole of it. Where info
+// offers versions, the agents start at the one before the newest, which OpUpgrade
+// moves them from and back to.
+func Spec(s Schedule, info driver.Info) conformance.Spec {
+	sp := conformance.Spec{
+		ID:       fmt.Sprintf("FUZZ-%d-%d", s.Seed, s.Round),
+		Profile:  conformance.Core,
+		Features: []conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort, conformance.FeatureNodePortRemoteBackend},
+		Description: fmt.Sprintf("Round %d of seed %d: %d steps drawn at random over %s, judged from a model of the Services: "+
+			"every new connection succeeds and is answered by a backend its Service had, within {endpoint-programmed}; "+
+			"no established stream resets or stalls past {stream-max-gap}.", s.Round, s.Seed, len(s.Actions), s.Span().Round(time.Millisecond)),
+		Body: func(ctx context.Context, e *conformance.Env) error { return runRound(ctx, e, s) },
+	}
+	if upgrades(info) {
+		sp.Setup = conformance.Setup{
+			Start:   driver.StartOptions{Version: driver.VersionPrevious},
+			Upgrade: driver.StartOptions{Version: driver.VersionLatest},
+		}
+	}
+	return sp
+}
+
+// world is a round's fixture.
+type world struct {
+	core   *workloads.Core
+	nodes  []topologies.Node
+	spares map[string]topologies.Pod
+	// apps are the Services' selectors' app labels; own their backends that never
+	// leave.
+	apps, own map[string]string
+	// service is the Service of each connect probe.
+	service map[string]string
+}
+
+func deploy(ctx context.Context, e *conformance.Env) (*world, error) {
+	core, err := workloads.DeployCore(ctx, e.World, e.Warm())
+	if err != nil {
+		return nil, err
+	}
+	w := &world{core: core, nodes: []topologies.Node{core.NodeA, core.NodeB}, spares: map[string]topologies.Pod{},
+		apps: map[string]string{}, own: map[string]string{}, service: map[string]string{}}
+	for i, name := range Spares {
+		p, _, err := workloads.AddBackend(ctx, e.World, name, w.nodes[i].Name(), map[string]string{"app": idleApp})
+		if err != nil {
+			return nil, err
+		}
+		w.spares[name] = p
+	}
+	for _, svc := range []workloads.Service{core.SvcLocal, core.SvcRemote} {
+		w.apps[svc.Name] = svc.Name // DeployCore selects app=<the Service's name>
+		w.own[svc.Name] = svc.Backends[0].Name()
+	}
+	return w, nil
+}
+
+// validate says what in s this world cannot run (a replay file written by hand, or
+// for another world).
+func (w *world) validate(s Schedule, info driver.Info) error {
+	var errs []error
+	for i, a := range s.Actions {
+		bad := func(format string, args ...any) {
+			errs = append(errs, fmt.Errorf("step %d (%s): %s", i+1, a, fmt.Sprintf(format, args...)))
+		}
+		switch a.Op {
+		case OpRestart, OpCrash, OpUpgrade, OpOutage:
+			if a.Node < 1 || a.Node > len(w.nodes) {
+				bad("no node %d: the world has nodes 1 to %d", a.Node, len(w.nodes))
+			}
+			if a.Op == OpUpgrade && !upgrades(info) {
+				bad("%s offers no versions to upgrade between", info.Name)
+			}
+		case OpJoin, OpLeave:
+			if _, ok := w.spares[a.Backend]; !ok {
+				bad("no spare backend %q (the spares are %s)", a.Backend, strings.Join(Spares, ", "))
+			}
+			if _, ok := w.apps[a.Service]; a.Op == OpJoin && !ok {
+				bad("no Service %q (the Services are %s)", a.Service, strings.Join(Services, ", "))
+			}
+		default:
+			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave)", a.Op)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
+	w, err := deploy(ctx, e)
+	if err != nil {
+		return err
+	}
+	if err := w.validate(s, e.Info); err != nil {
+		return fmt.Errorf("the schedule does not fit the world: %w", err)
+	}
+	var connects, streams []string
+	sc := conformance.Scenario{
+		Transition: []conformance.Step{conformance.Do(fmt.Sprintf("run the schedule's %d steps", len(s.Actions)), func(ctx context.Context, e *conformance.Env) error {
+			return w.execute(ctx, e, s)
+		})},
+	}
+	for _, fl := range w.core.ServiceFlows(e.Topo) {
+		c, st := "connect-"+fl.Name, "stream-"+fl.Name
+		connects, streams = append(connects, c), append(streams, st)
+		w.service[c] = w.serviceOf(fl.Backend)
+		sc.Traffic = append(sc.Traffic,
+			conformance.Traffic{From: fl.From, Probe: e.Connect(c, fl.Target)},
+			conformance.Traffic{From: fl.From, Probe: e.Stream(st, fl.Target, streamsPerFlow)})
+		sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "new connections on " + fl.Name + " succeed before the schedule", Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(c))})
+		sc.Checks = append(sc.Checks, conformance.Check{Name: "every new connection on " + fl.Name + " succeeds", Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(c))})
+	}
+	only := matchers.Probes(streams...)
+	sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "the streams carry echoes before the schedule", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, only)})
+	m := &model{tl: e.World.Timeline().Transitions, budget: e.Budgets.EndpointProgrammed, reconcile: e.Budgets.ReconcileWithin,
+		service: w.service, own: w.own, apps: w.apps, pathNode: w.core.NodeA.Name()}
+	sc.Checks = append(sc.Checks,
+		conformance.Check{Name: "every answer is from a backend its Service had, within endpoint-programmed", Matcher: matchers.HaveAnswersAsModelled(m.allowed, matchers.Probes(connects...))},
+		conformance.Check{Name: "no established stream reset", Matcher: matchers.HaveNoResets(only)},
+		conformance.Check{Name: "no stream gap over stream-max-gap", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, only)},
+		conformance.Check{Name: "every stream alive at the end", Matcher: matchers.BeAliveAtEnd(only)},
+	)
+	return e.Run(ctx, sc)
+}
+
+// serviceOf is the Service whose own backend is b.
+func (w *world) serviceOf(b string) string {
+	for svc, own := range w.own {
+		if own == b {
+			return svc
+		}
+	}
+	return ""
+}
+
+// execute runs s's steps, each when it is due, those on one node's agent or one
+// backend in order: a step due while the one before it on the same node has not
+// ended (a restart waits for readiness) starts when it ends. The first step that
+// fails stops the rest and is the error, with its mark (an agent not ready again is
+// a verdict).
+func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	upgraded := make([]bool, len(w.nodes))
+	do := func(i int) error {
+		a := s.Actions[i]
+		e.Record(EventStep, fmt.Sprintf("%d: %s", i+1, a))
+		var n topologies.Node
+		if a.Node > 0 {
+			n = w.nodes[a.Node-1]
+		}
+		switch a.Op {
+		case OpRestart:
+			return conformance.Restart(n).Do(ctx, e)
+		case OpCrash:
+			return conformance.Crash(n).Do(ctx, e)
+		case OpUpgrade:
+			st := conformance.UpgradeAgent(n, false)
+			if upgraded[a.Node-1] {
+				st = conformance.RollBackAgent(n)
+			}
+			upgraded[a.Node-1] = !upgraded[a.Node-1]
+			return st.Do(ctx, e)
+		case OpOutage:
+			if err := conformance.Stop(n).Do(ctx, e); err != nil {
+				return err
+			}
+			if err := conformance.Hold(ctx, time.Duration(a.For)); err != nil {
+				return err
+			}
+			return conformance.Start(n).Do(ctx, e)
+		case OpJoin:
+			return w.label(ctx, e, a.Backend, w.apps[a.Service])
+		case OpLeave:
+			return w.label(ctx, e, a.Backend, idleApp)
+		}
+		return fmt.Errorf("no step %q", a.Op)
+	}
+	queues := map[string]chan int{}
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i, a := range s.Actions {
+		t := time.NewTimer(time.Until(start.Add(time.Duration(a.At))))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		q, ok := queues[a.resource()]
+		if !ok {
+			q = make(chan int, len(s.Actions))
+			queues[a.resource()] = q
+			wg.Go(func() {
+				for i := range q {
+					if ctx.Err() != nil {
+						continue
+					}
+					if err := do(i); err != nil {
+						cancel(fmt.Errorf("step %d (%s): %w", i+1, s.Actions[i], err))
+					}
+				}
+			})
+		}
+		q <- i
+	}
+	for _, q := range queues {
+		close(q)
+	}
+	wg.Wait()
+	if err := context.Cause(ctx); err != nil && ctx.Err() != nil {
+		return err
+	}
+	return nil
+}
+
+// label sets a spare backend's app label, recording the change first.
+func (w *world) label(ctx context.Context, e *conformance.Env, backend, app string) error {
+	p := w.spares[backend]
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{"app": app}}})
+	if err != nil {
+		return err
+	}
+	e.Record(EventLabelled, backend+" app="+app)
+	if _, err := e.Topo.Kube().CoreV1().Pods(p.Namespace()).Patch(ctx, p.Name(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("label pod %s/%s app=%s: %w", p.Namespace(), p.Name(), app, err)
+	}
+	return nil
+}
+
+// model is the Services' endpoints as the round changed them, read from the
+// timeline's EventLabelled events: a Service's own backend always, and each spare
+// from the moment it was labelled in to the moment it was labelled out. A change
+// may take budget to be programmed; one made while the agent of the node that
+// programs the probes' paths was down (stop-sent or kill-sent to ready), up to
+// reconcile after it is ready again (RESTART-RECONCILE's rule).
+type model struct {
+	tl        func() []timeline.Transition
+	budget    time.Duration
+	reconcile time.Duration
+	service   map[string]string // connect probe -> Service
+	own       map[string]string // Service -> its own backend
+	apps      map[string]string // Service -> its selector's app label
+	pathNode  string            // the node whose agent programs every probe's path
+
+	once    sync.Once
+	changes map[string][]change // spare -> its label's changes, in time order
+	downs   []span              // pathNode's agent not ready
+}
+
+// span is a time the agent was not ready, from to to (zero: to the end).
+type span struct{ from, to monotime.Time }
+
+type change struct {
+	at  monotime.Time
+	app string
+}
+
+// allowed are the backends that may answer an attempt of probe started at t: the
+// Service's own, and every spare that was in it at some moment from budget (and
+// slack) before t to slack after. A probe of no Service allows any.
+func (m *model) allowed(probe string, t monotime.Time, slack time.Duration) []string {
+	m.once.Do(m.build)
+	svc, ok := m.service[probe]
+	if !ok {
+		return nil
+	}
+	out := []string{m.own[svc]}
+	lo, hi := t.Add(-m.budget-slack), t.Add(slack)
+	for _, d := range m.downs {
+		if t >= d.from.Add(-slack) && (d.to == 0 || t <= d.to.Add(m.reconcile+slack)) {
+			lo = min(lo, d.from.Add(-m.budget-slack))
+		}
+	}
+	for _, spare := range Spares {
+		if m.inDuring(spare, m.apps[svc], lo, hi) {
+			out = append(out, spare)
+		}
+	}
+	return out
+}
+
+func (m *model) build() {
+	m.changes = map[string][]change{}
+	down := monotime.Time(0)
+	for _, tr := range m.tl() {
+		switch {
+		case (tr.Name == timeline.StopSent || tr.Name == timeline.KillSent) && tr.Detail == m.pathNode && down == 0:
+			down = tr.Time
+		case tr.Name == timeline.Ready && tr.Detail == m.pathNode && down != 0:
+			m.downs = append(m.downs, span{down, tr.Time})
+			down = 0
+		}
+		if tr.Name != EventLabelled {
+			continue
+		}
+		backend, app, ok := strings.Cut(tr.Detail, " app=")
+		if !ok {
+			continue
+		}
+		m.changes[backend] = append(m.changes[backend], change{tr.Time, app})
+	}
+	if down != 0 {
+		m.downs = append(m.downs, span{from: down}) // not ready again by the end
+	}
+}
+
+// inDuring reports whether spare's app label was app at some moment in [lo, hi]: at
+// lo, or set so inside.
+func (m *model) inDuring(spare, app string, lo, hi monotime.Time) bool {
+	cur := idleApp
+	for _, c := range m.changes[spare] {
+		if c.at > hi {
+			break
+		}
+		if c.at <= lo {
+			cur = c.app
+			continue
+		}
+		if c.app == app {
+			return true
+		}
+	}
+	return cur == app
+}

@@ -1,0 +1,174 @@
+// Package fuzz composes the suite's transitions at random: a seeded generator draws a
+// schedule of steps (agent restarts, crashes and upgrades on either node, backends
+// labelled into and out of the Services) with random timing, overlaps included; a
+// round runs one schedule in a fresh world under continuous traffic, and its checks
+// judge the whole of it against a model of the API's state, not against a script.
+// A failing schedule is shrunk (delta debugging over its steps, each candidate
+// replayed in a fresh world) to a minimal one, written as a replay file.
+package fuzz
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Op is what a step of a schedule does.
+type Op string
+
+// The steps a schedule is made of: the suite's own, as the specs use them.
+const (
+	// OpRestart restarts the agent on Node gracefully (conformance.Restart).
+	OpRestart Op = "restart"
+	// OpCrash kills the agent on Node and starts it (conformance.Crash).
+	OpCrash Op = "crash"
+	// OpUpgrade moves the agent on Node to the other version: to the newest the
+	// implementation offers from the one it started with, or back
+	// (conformance.UpgradeAgent, conformance.RollBackAgent).
+	OpUpgrade Op = "upgrade"
+	// OpOutage stops the agent on Node gracefully, keeps it down For, and starts it
+	// (conformance.Stop, conformance.Start): what changes meanwhile it must catch up
+	// on when it is ready again.
+	OpOutage Op = "outage"
+	// OpJoin labels the spare backend Backend into Service (out of any other).
+	OpJoin Op = "join"
+	// OpLeave labels the spare backend Backend out of every Service.
+	OpLeave Op = "leave"
+)
+
+// Offset is a time from a schedule's start, written as a duration ("1.25s").
+type Offset time.Duration
+
+// MarshalJSON writes o as a duration string.
+func (o Offset) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(o).String()) }
+
+// UnmarshalJSON reads a duration string.
+func (o *Offset) UnmarshalJSON(b []byte) error {
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("an offset is a duration such as \"1.25s\": %w", err)
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*o = Offset(d)
+	return nil
+}
+
+// Action is one step of a schedule, due At after the schedule's start. Steps on one
+// node's agent, or on one backend, run in order, each once the one before it ended
+// (a restart waits for readiness): a step due while its node is busy starts late,
+// and the timeline has when it really ran.
+type Action struct {
+	At Offset `json:"at"`
+	Op Op     `json:"op"`
+	// Node is the agent's node (OpRestart, OpCrash, OpUpgrade, OpOutage), counted
+	// from 1 in the topology's order.
+	Node    int    `json:"node,omitempty"`
+	For     Offset `json:"for,omitempty"`     // OpOutage: how long the agent stays down
+	Backend string `json:"backend,omitempty"` // OpJoin, OpLeave: a spare backend
+	Service string `json:"service,omitempty"` // OpJoin
+}
+
+// String is the action for people, e.g. "+1.250s crash node 1".
+func (a Action) String() string {
+	at := fmt.Sprintf("+%.3fs", time.Duration(a.At).Seconds())
+	switch a.Op {
+	case OpJoin:
+		return fmt.Sprintf("%s join %s to %s", at, a.Backend, a.Service)
+	case OpLeave:
+		return fmt.Sprintf("%s leave %s", at, a.Backend)
+	case OpOutage:
+		return fmt.Sprintf("%s outage node %d for %s", at, a.Node, time.Duration(a.For))
+	}
+	return fmt.Sprintf("%s %s node %d", at, a.Op, a.Node)
+}
+
+// resource is what an action works on; actions on one run in order.
+func (a Action) resource() string {
+	if a.Op == OpJoin || a.Op == OpLeave {
+		return "backend " + a.Backend
+	}
+	return fmt.Sprintf("node %d", a.Node)
+}
+
+// Schedule is one round's steps, in the order they are due.
+type Schedule struct {
+	Seed    uint64   `json:"seed"`
+	Round   int      `json:"round"`
+	Actions []Action `json:"actions"`
+}
+
+// String lists the schedule's steps, one per line.
+func (s Schedule) String() string {
+	lines := make([]string, len(s.Actions))
+	for i, a := range s.Actions {
+		lines[i] = fmt.Sprintf("%2d. %s", i+1, a)
+	}
+	return strings.Join(lines, "\n")
+}
+
+// Span is when the last step is due.
+func (s Schedule) Span() time.Duration {
+	if len(s.Actions) == 0 {
+		return 0
+	}
+	return time.Duration(s.Actions[len(s.Actions)-1].At)
+}
+
+// Claims are what a schedule may draw on: the implementation's nodes, spare
+// backends and Services, and whether it offers versions to upgrade between.
+type Claims struct {
+	Nodes    int
+	Spares   []string
+	Services []string
+	Upgrade  bool
+}
+
+// Generate draws round's schedule of n steps from seed: the same seed, round and
+// claims always give the same schedule. The steps' gaps are exponential with a mean
+// of span/n, so some steps fall inside another's window (a crash during a restart
+// of the other node, a backend leaving while the agent is down) and others are far
+// apart.
+func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Schedule {
+	rng := rand.New(rand.NewPCG(seed, uint64(round)))
+	s := Schedule{Seed: seed, Round: round}
+	member := map[string]string{} // spare -> the Service it is labelled into
+	ops := []Op{OpRestart, OpRestart, OpCrash, OpCrash, OpOutage, OpJoin, OpJoin, OpJoin}
+	if c.Upgrade {
+		ops = append(ops, OpUpgrade, OpUpgrade)
+	}
+	if len(c.Spares) == 0 || len(c.Services) == 0 {
+		ops = slices.DeleteFunc(ops, func(o Op) bool { return o == OpJoin })
+	}
+	mean := float64(span) / float64(max(n, 1))
+	at := time.Duration(0)
+	for range n {
+		at += time.Duration(rng.ExpFloat64() * mean).Round(time.Millisecond)
+		a := Action{At: Offset(at), Op: ops[rng.IntN(len(ops))]}
+		switch a.Op {
+		case OpRestart, OpCrash, OpUpgrade:
+			a.Node = 1 + rng.IntN(c.Nodes)
+		case OpOutage:
+			a.Node = 1 + rng.IntN(c.Nodes)
+			a.For = Offset(time.Duration(300+rng.IntN(2700)) * time.Millisecond)
+		case OpJoin:
+			// A spare's membership changes: out of its Service, or into one (moved
+			// from another now and then).
+			a.Backend = c.Spares[rng.IntN(len(c.Spares))]
+			if cur := member[a.Backend]; cur != "" && rng.IntN(4) != 0 {
+				a.Op = OpLeave
+				delete(member, a.Backend)
+				break
+			}
+			a.Service = c.Services[rng.IntN(len(c.Services))]
+			member[a.Backend] = a.Service
+		}
+		s.Actions = append(s.Actions, a)
+	}
+	return s
+}

@@ -1,0 +1,190 @@
+package fuzz
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/timeline"
+)
+
+var claims = Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: true}
+
+func TestGenerateIsSeeded(t *testing.T) {
+	g := NewWithT(t)
+	a := Generate(7, 3, claims, 40, 20*time.Second)
+	g.Expect(Generate(7, 3, claims, 40, 20*time.Second)).To(Equal(a), "the same seed and round draw the same schedule")
+	g.Expect(Generate(7, 4, claims, 40, 20*time.Second)).NotTo(Equal(a), "another round draws another")
+	g.Expect(Generate(8, 3, claims, 40, 20*time.Second)).NotTo(Equal(a), "another seed draws another")
+	g.Expect(a.Actions).To(HaveLen(40))
+}
+
+// Every step a schedule draws is one the world can run, every kind of step is drawn,
+// and some steps fall due while the one before is still in its window.
+func TestGenerateDrawsEveryStep(t *testing.T) {
+	g := NewWithT(t)
+	ops := map[Op]int{}
+	overlaps := 0
+	for round := 1; round <= 20; round++ {
+		s := Generate(1, round, claims, 10, 15*time.Second)
+		member := map[string]string{}
+		for i, a := range s.Actions {
+			ops[a.Op]++
+			if i > 0 {
+				g.Expect(a.At).To(BeNumerically(">=", s.Actions[i-1].At), "in the order they are due")
+				if time.Duration(a.At-s.Actions[i-1].At) < 300*time.Millisecond {
+					overlaps++
+				}
+			}
+			switch a.Op {
+			case OpRestart, OpCrash, OpUpgrade:
+				g.Expect(a.Node).To(BeElementOf(1, 2))
+			case OpOutage:
+				g.Expect(a.Node).To(BeElementOf(1, 2))
+				g.Expect(time.Duration(a.For)).To(BeNumerically(">=", 300*time.Millisecond))
+			case OpJoin:
+				g.Expect(Spares).To(ContainElement(a.Backend))
+				g.Expect(Services).To(ContainElement(a.Service))
+				member[a.Backend] = a.Service
+			case OpLeave:
+				g.Expect(member).To(HaveKey(a.Backend), "a spare leaves only a Service it joined")
+				delete(member, a.Backend)
+			}
+		}
+	}
+	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave} {
+		g.Expect(ops).To(HaveKey(op), "20 rounds draw a %s", op)
+	}
+	g.Expect(overlaps).To(BeNumerically(">", 10), "steps due within 300 ms of the one before")
+
+	noUpgrade := claims
+	noUpgrade.Upgrade = false
+	for round := 1; round <= 20; round++ {
+		for _, a := range Generate(1, round, noUpgrade, 10, 15*time.Second).Actions {
+			g.Expect(a.Op).NotTo(Equal(OpUpgrade), "no upgrade where no versions are offered")
+		}
+	}
+}
+
+// Minimize finds the steps a failure needs, however the schedule around them is.
+func TestMinimize(t *testing.T) {
+	s := Generate(3, 1, claims, 16, 15*time.Second)
+	for _, need := range [][]int{{5}, {2, 11}, {0, 7, 15}, {3, 4}} {
+		g := NewWithT(t)
+		var want []Action
+		for _, i := range need {
+			want = append(want, s.Actions[i])
+		}
+		runs := 0
+		fails := func(as []Action) bool {
+			runs++
+			for _, w := range want {
+				if !slices.Contains(as, w) {
+					return false
+				}
+			}
+			return true
+		}
+		g.Expect(Minimize(s.Actions, fails)).To(Equal(want))
+		t.Logf("%d of 16 steps found in %d replays", len(need), runs)
+		g.Expect(runs).To(BeNumerically("<", 50), "replays for %d of 16 steps", len(need))
+	}
+	// A failure that needs the whole schedule keeps it.
+	g := NewWithT(t)
+	g.Expect(Minimize(s.Actions, func(as []Action) bool { return len(as) == len(s.Actions) })).To(Equal(s.Actions))
+}
+
+// Tightening moves the steps to the start and draws them together while the failure
+// holds, and stops where it would not.
+func TestTighten(t *testing.T) {
+	g := NewWithT(t)
+	as := []Action{{At: Offset(2 * time.Second), Op: OpRestart, Node: 1}, {At: Offset(6 * time.Second), Op: OpCrash, Node: 2}}
+	got := tighten(as, func(as []Action) bool { return as[1].At-as[0].At >= Offset(time.Second) })
+	g.Expect(got).To(Equal([]Action{{At: 0, Op: OpRestart, Node: 1}, {At: Offset(time.Second), Op: OpCrash, Node: 2}}))
+	g.Expect(tighten(as, func([]Action) bool { return false })).To(Equal(as), "nothing changes that no longer fails")
+}
+
+func TestOffsetJSON(t *testing.T) {
+	g := NewWithT(t)
+	b, err := json.Marshal(Action{At: Offset(1250 * time.Millisecond), Op: OpOutage, Node: 2, For: Offset(time.Second)})
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(string(b)).To(Equal(`{"at":"1.25s","op":"outage","node":2,"for":"1s"}`))
+	var a Action
+	g.Expect(json.Unmarshal(b, &a)).To(Succeed())
+	g.Expect(a.At).To(Equal(Offset(1250 * time.Millisecond)))
+	g.Expect(json.Unmarshal([]byte(`{"at":1250}`), &a)).To(MatchError(ContainSubstring(`a duration such as "1.25s"`)))
+}
+
+func TestReplayFile(t *testing.T) {
+	g := NewWithT(t)
+	dir := t.TempDir()
+	f := ReplayFile{APIVersion: ReplayAPIVersion, Kind: ReplayKind, Implementation: "refdp v2", Failed: []conformance.FailureKind{"reset"},
+		Schedule: Schedule{Seed: 9, Round: 2, Actions: []Action{{At: Offset(time.Second), Op: OpJoin, Backend: "spare-a", Service: "web-local"}}}}
+	path := filepath.Join(dir, "replay.yaml")
+	g.Expect(f.Write(path)).To(Succeed())
+	got, err := ReadReplayFile(path)
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(got).To(Equal(f))
+
+	for name, text := range map[string]string{
+		"unknown field": "apiVersion: dpconform.dev/fuzz/v1\nkind: Replay\nschedule:\n  actions:\n  - at: 1s\n    op: restart\n    nod: 1\n",
+		"another kind":  "apiVersion: v1\nkind: Pod\n",
+		"no steps":      "apiVersion: dpconform.dev/fuzz/v1\nkind: Replay\nschedule: {}\n",
+	} {
+		path := filepath.Join(dir, "bad.yaml")
+		g.Expect(writeFile(path, text)).To(Succeed())
+		_, err := ReadReplayFile(path)
+		g.Expect(err).To(MatchError(ContainSubstring(path)), name)
+	}
+}
+
+func at(ms int) monotime.Time { return monotime.Time(1e12 + int64(ms)*1e6) }
+
+// The model allows a spare from when it was labelled in until the change's budget
+// after it was labelled out; while the agent that programs the paths is down, the
+// state from before it went down until reconcile after it is ready again.
+func TestModel(t *testing.T) {
+	g := NewWithT(t)
+	trs := []timeline.Transition{
+		{Time: at(1000), Name: EventLabelled, Detail: "spare-a app=web-local"},
+		{Time: at(3000), Name: EventLabelled, Detail: "spare-a app=" + idleApp},
+		{Time: at(10000), Name: timeline.StopSent, Detail: "node-a"},
+		{Time: at(10500), Name: EventLabelled, Detail: "spare-b app=web-remote"},
+		{Time: at(11000), Name: EventLabelled, Detail: "spare-b app=web-local"},
+		{Time: at(12000), Name: timeline.Ready, Detail: "node-a"},
+		{Time: at(13000), Name: timeline.KillSent, Detail: "node-b"},
+	}
+	m := &model{tl: func() []timeline.Transition { return trs }, budget: time.Second, reconcile: 1500 * time.Millisecond,
+		service: map[string]string{"c-local": "web-local", "c-remote": "web-remote"},
+		own:     map[string]string{"web-local": "web-local", "web-remote": "web-remote"},
+		apps:    map[string]string{"web-local": "web-local", "web-remote": "web-remote"}, pathNode: "node-a"}
+	for _, c := range []struct {
+		probe string
+		ms    int
+		slack time.Duration
+		want  []string
+	}{
+		{"c-local", 900, 0, []string{"web-local"}},
+		{"c-local", 900, 200 * time.Millisecond, []string{"web-local", "spare-a"}},
+		{"c-local", 1000, 0, []string{"web-local", "spare-a"}},
+		{"c-local", 3999, 0, []string{"web-local", "spare-a"}},
+		{"c-local", 4001, 0, []string{"web-local"}},
+		{"c-remote", 10800, 0, []string{"web-remote", "spare-b"}},
+		// Down from 10 s to ready at 12 s: stale until 13.5 s.
+		{"c-remote", 13400, 0, []string{"web-remote", "spare-b"}},
+		{"c-remote", 13600, 0, []string{"web-remote"}},
+		{"c-local", 11500, 0, []string{"web-local", "spare-b"}},
+		{"other", 11500, 0, nil},
+	} {
+		g.Expect(m.allowed(c.probe, at(c.ms), c.slack)).To(Equal(c.want), "%s at %d ms", c.probe, c.ms)
+	}
+}
+
+func writeFile(path, text string) error { return os.WriteFile(path, []byte(text), 0o644) }
