@@ -17,7 +17,7 @@ CILIUM_PKGS := clang-19
 
 .PHONY: all deps deps-generate deps-kind deps-browser deps-cilium control-plane cni \
         kube-router cilium kind-node-binaries binaries build check test test-peers test-time \
-        lint lint-ci actionlint bench conformance kind-image kind-conformance \
+        lint lint-ci actionlint bench conformance fuzz fuzz-faults kind-image kind-conformance \
         kind-cluster-conformance selftest calico generate docs publish-conformance cleanup clean
 
 # The implementation `make conformance` runs against, and the profiles to run
@@ -195,6 +195,23 @@ bench: deps control-plane cni
 ## (QUIET=1: a line per result, for CI logs)
 conformance: deps control-plane cni build
 	$(BIN)/dpconform run --driver $(DRIVER) $(if $(PROFILES),--profiles $(PROFILES)) $(if $(QUIET),--quiet) --output $(OUT)/conformance
+
+## fuzz: random compositions of transitions against DRIVER (default: the reference) for
+## FUZZ_DURATION (default 30m) from FUZZ_SEED (default: from the time); a violation is
+## shrunk to _output/fuzz/replay.yaml (docs/fuzzing.md)
+FUZZ_DURATION ?= 30m
+fuzz: deps control-plane cni build
+	$(BIN)/dpconform fuzz --driver $(DRIVER) --duration $(FUZZ_DURATION) $(if $(FUZZ_SEED),--seed $(FUZZ_SEED)) $(if $(QUIET),--quiet) --output $(OUT)/fuzz
+
+## fuzz-faults: fuzz the reference with each named fault on (FAULTS: a comma-separated
+## few), at most FUZZ_ROUNDS rounds of seed FUZZ_SEED each, and write how long each took
+## to find and what it shrank to into FUZZ_DETECT (docs/results/notes/fuzzing.md cites it)
+FUZZ_ROUNDS ?= 3
+FUZZ_DETECT ?= $(OUT)/fuzz-detection.tsv
+fuzz-faults: deps control-plane cni
+	@mkdir -p $(dir $(FUZZ_DETECT))
+	DPC_FUZZ_DETECT=$(abspath $(FUZZ_DETECT)) DPC_FUZZ_SEED=$(or $(FUZZ_SEED),1) DPC_FUZZ_ROUNDS=$(FUZZ_ROUNDS) $(if $(FAULTS),DPC_FUZZ_FAULTS=$(FAULTS)) \
+		$(GO) test -count=1 -timeout 3h -run '^TestDetection$$' -v ./conformance/fuzz/
 
 ## publish-conformance: put the last make conformance run into the results ledger as
 ## RUN (default all-profiles), with the commit it ran at (commit first; then make docs)
