@@ -1,0 +1,105 @@
+package fuzz
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
+)
+
+// backendModel says which backends may answer an attempt of the named probe that
+// started at t (model.allowed); an empty answer allows any.
+type backendModel func(probe string, t monotime.Time, slack time.Duration) []string
+
+// answersAsModelled is the round's check that every new connection that was
+// answered was answered by a backend the model allowed then: a backend that left a
+// Service gets nothing new once the change had its time to be programmed, and one
+// not yet in it nothing before. Failed attempts are the per-path checks', which
+// also find a blind probe (they run first, on the same probes and window); this
+// one judges only answers. A violation is of kind wrong-backend.
+type answersAsModelled struct {
+	model  backendModel
+	probes []string
+	slack  time.Duration // the clocks' uncertainty (matchers.ClockUncertainty)
+
+	w      timeline.Window
+	res    matchers.Result
+	detail string
+}
+
+func newAnswersAsModelled(model backendModel, probes ...string) *answersAsModelled {
+	return &answersAsModelled{model: model, probes: probes}
+}
+
+// WithDefaults keeps the matcher as it is: its options are its own (a round's
+// hosts share the suite's clock, so it allows no slack).
+func (m *answersAsModelled) WithDefaults(...matchers.Option) matchers.Matcher { return m }
+
+func (m *answersAsModelled) Result() matchers.Result { return m.res }
+
+func (m *answersAsModelled) Match(actual any) (bool, error) {
+	w, ok := actual.(timeline.Window)
+	if !ok {
+		return false, fmt.Errorf("fuzz: expected a timeline.Window, got %T", actual)
+	}
+	m.w = w
+	var wrong []probe.Event
+	var allowed []string
+	answered := 0
+	for _, e := range w.Inside() {
+		if e.Kind != probe.KindAttempt || e.Outcome != probe.OK || !slices.Contains(m.probes, e.Probe) {
+			continue
+		}
+		answered++
+		ok := m.model(e.Probe, e.Time, m.slack)
+		if len(ok) > 0 && !slices.Contains(ok, e.Backend) {
+			if len(wrong) == 0 {
+				allowed = ok
+			}
+			wrong = append(wrong, e)
+		}
+	}
+	zero := 0.0
+	m.res = matchers.Result{Verdict: matchers.Pass, Figures: []matchers.Figure{{Name: "unmodelled_answers", Value: float64(len(wrong)), Unit: "attempts", Of: answered, Budget: &zero,
+		Text: fmt.Sprintf("%d of %d answered attempts answered by a backend the model did not allow then (budget 0)", len(wrong), answered)}}}
+	m.detail = ""
+	if len(wrong) == 0 {
+		return true, nil
+	}
+	first := wrong[0]
+	m.res.Verdict, m.res.Kind, m.res.At = matchers.Violation, matchers.KindWrongBackend, first.Time
+	m.res.First = fmt.Sprintf("probe %s, started %s: attempt #%d to %s answered by %s, which the model did not allow then (allowed: %s)",
+		first.Probe, w.Relative(first.Time), first.Seq, first.Target, first.Backend, strings.Join(allowed, " or "))
+	for _, e := range wrong[:min(len(wrong), matchers.MaxMarks)] {
+		m.res.Marks = append(m.res.Marks, matchers.Mark{Probe: e.Probe, Time: e.Time, Kind: matchers.KindWrongBackend})
+	}
+	m.res.MarksTotal = len(wrong)
+	var b strings.Builder
+	b.WriteString("Timeline around it:\n")
+	b.WriteString(w.Excerpt(first.Time, matchers.DefaultContext, matchers.DefaultContext, func(e probe.Event) bool {
+		return e.Kind == probe.KindAttempt && e.Probe == first.Probe && e.Backend == first.Backend
+	}))
+	b.WriteString("Answers the model did not allow:\n")
+	for _, e := range wrong[:min(len(wrong), 20)] {
+		fmt.Fprintf(&b, "  %s #%d answered by %s, started %s\n", e.Probe, e.Seq, e.Backend, w.Relative(e.Time))
+	}
+	if len(wrong) > 20 {
+		fmt.Fprintf(&b, "  ... and %d more\n", len(wrong)-20)
+	}
+	m.detail = b.String()
+	return false, nil
+}
+
+func (m *answersAsModelled) FailureMessage(any) string {
+	return fmt.Sprintf("Expected every answer from a backend the model allowed in the %s, but:\n  ✗ %s\nFirst violation: %s\n%s",
+		m.w, m.res.Figures[0].Text, m.res.First, m.detail)
+}
+
+func (m *answersAsModelled) NegatedFailureMessage(any) string {
+	return fmt.Sprintf("Expected an answer from a backend the model did not allow in the %s, but:\n  %s\n", m.w, m.res.Figures[0].Text)
+}

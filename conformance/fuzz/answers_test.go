@@ -1,0 +1,68 @@
+package fuzz
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
+)
+
+// pod-b is the Service's until 2.2 s, and the model gives a change 500 ms.
+func podBLeaves(probeName string, t monotime.Time, slack time.Duration) []string {
+	if probeName != "x" {
+		return nil
+	}
+	if t.Add(-500*time.Millisecond-slack) <= at(2200) {
+		return []string{"pod-a", "pod-b"}
+	}
+	return []string{"pod-a"}
+}
+
+// answered is a window from 1 s to 5.5 s of attempts every 2 ms from 500 ms to 6 s,
+// pod-b answering every other one until until (ms), pod-a the rest.
+func answered(until int) timeline.Window {
+	tl := timeline.New()
+	tl.RecordAt(at(2200), timeline.StartSent, "node-a")
+	tl.Add(probe.Event{Time: at(400), Kind: probe.KindReady, Probe: "x", Role: probe.RoleConnect})
+	seq := uint64(0)
+	for ms := 500; ms < 6000; ms += 2 {
+		seq++
+		who := "pod-a"
+		if (ms/2)%2 == 0 && ms < until {
+			who = "pod-b"
+		}
+		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindAttempt, Probe: "x", Seq: seq, Outcome: probe.OK, Target: "10.0.0.1:80", Backend: who})
+	}
+	tl.Add(probe.Event{Time: at(6000), Kind: probe.KindMark, Probe: "x"})
+	return tl.Window(at(1000), at(5500))
+}
+
+func TestAnswersAsModelled(t *testing.T) {
+	g := NewWithT(t)
+	m := newAnswersAsModelled(podBLeaves, "x")
+	ok, err := m.Match(answered(2700))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(ok).To(BeTrue(), "pod-b answers nothing new after its budget: %s", m.FailureMessage(nil))
+	g.Expect(m.Result().Verdict).To(Equal(matchers.Pass))
+
+	ok, err = m.Match(answered(3000))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(ok).To(BeFalse(), "pod-b answers up to 3 s, 300 ms past its budget")
+	res := m.Result()
+	g.Expect(res.Verdict).To(Equal(matchers.Violation))
+	g.Expect(res.Kind).To(Equal(matchers.KindWrongBackend))
+	g.Expect(res.Figures[0].Value).To(BeEquivalentTo(74))
+	g.Expect(res.MarksTotal).To(Equal(74))
+	msg := m.FailureMessage(nil)
+	t.Logf("%s", msg)
+	g.Expect(msg).To(ContainSubstring("First violation: probe x, started 504.0 ms after start-sent: attempt #1103 to 10.0.0.1:80 answered by pod-b, which the model did not allow then (allowed: pod-a)"))
+	g.Expect(msg).To(ContainSubstring("<=="))
+
+	_, err = m.Match("a string")
+	g.Expect(err).To(MatchError(ContainSubstring("expected a timeline.Window")))
+}
