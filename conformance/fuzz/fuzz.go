@@ -16,6 +16,9 @@ type Options struct {
 	// Steps is how many steps a round's schedule has, drawn over Span.
 	Steps int
 	Span  time.Duration
+	// ConnectInterval is the time between new connections on each path (0:
+	// DefaultConnectInterval).
+	ConnectInterval time.Duration
 	// Rounds bounds the run to that many rounds; Duration, to the rounds that start
 	// within it. The run stops at the first round that finds a violation.
 	Rounds   int
@@ -101,6 +104,7 @@ func Fuzz(ctx context.Context, r *conformance.Runner, o Options) (run Run, err e
 			return run, ctx.Err()
 		}
 		s := Generate(o.Seed, round, claims, o.Steps, o.Span)
+		s.ConnectInterval = Offset(o.ConnectInterval)
 		o.Logf("round %d of seed %d:\n%s", round, o.Seed, s)
 		res := r.Run(ctx, Spec(s, r.Info()))
 		run.Results = append(run.Results, res)
@@ -153,7 +157,8 @@ func Replay(ctx context.Context, r *conformance.Runner, s Schedule) conformance.
 // one of the ways the original did (a kind in common), in at most o.Replays runs.
 func shrink(ctx context.Context, r *conformance.Runner, o Options, f *Finding) {
 	fails := func(actions []Action) bool {
-		s := Schedule{Seed: f.Schedule.Seed, Round: f.Schedule.Round, Actions: actions}
+		s := f.Schedule
+		s.Actions = actions
 		for i := range o.Replays {
 			if ctx.Err() != nil {
 				return false
@@ -171,7 +176,9 @@ func shrink(ctx context.Context, r *conformance.Runner, o Options, f *Finding) {
 	}
 	actions := Minimize(f.Schedule.Actions, fails)
 	actions = tighten(actions, fails)
-	f.Shrunk = &Schedule{Seed: f.Schedule.Seed, Round: f.Schedule.Round, Actions: actions}
+	shrunk := f.Schedule
+	shrunk.Actions = actions
+	f.Shrunk = &shrunk
 }
 
 // Minimize is delta debugging (Zeller's ddmin) over a schedule's steps: it returns a

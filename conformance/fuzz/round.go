@@ -16,6 +16,7 @@ import (
 	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
 	"github.com/dpconform/dpconform/fv/workloads"
 	"github.com/dpconform/dpconform/topologies"
@@ -67,8 +68,8 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 		Profile:  conformance.Core,
 		Features: []conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort, conformance.FeatureNodePortRemoteBackend},
 		Description: fmt.Sprintf("Round %d of seed %d: %d steps drawn at random over %s, judged from a model of the Services: "+
-			"every new connection succeeds and is answered by a backend its Service had, within {endpoint-programmed}; "+
-			"no established stream resets or stalls past {stream-max-gap}.", s.Round, s.Seed, len(s.Actions), s.Span().Round(time.Millisecond)),
+			"every new connection (one every %s on each path) succeeds and is answered by a backend its Service had, within {endpoint-programmed}; "+
+			"no established stream resets or stalls past {stream-max-gap}.", s.Round, s.Seed, len(s.Actions), s.Span().Round(time.Millisecond), s.interval()),
 		Body: func(ctx context.Context, e *conformance.Env) error { return runRound(ctx, e, s) },
 	}
 	if upgrades(info) {
@@ -162,7 +163,7 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 		connects, streams = append(connects, c), append(streams, st)
 		w.service[c] = w.serviceOf(fl.Backend)
 		sc.Traffic = append(sc.Traffic,
-			conformance.Traffic{From: fl.From, Probe: e.Connect(c, fl.Target)},
+			conformance.Traffic{From: fl.From, Probe: probe.Connect{Name: c, Target: fl.Target, Interval: s.interval(), Timeout: e.Budgets.AttemptTimeout}},
 			conformance.Traffic{From: fl.From, Probe: e.Stream(st, fl.Target, streamsPerFlow)})
 		sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "new connections on " + fl.Name + " succeed before the schedule", Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(c))})
 		sc.Checks = append(sc.Checks, conformance.Check{Name: "every new connection on " + fl.Name + " succeeds", Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(c))})

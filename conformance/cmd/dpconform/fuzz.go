@@ -38,6 +38,7 @@ func fuzzCmd(args []string) error {
 	duration := fs.Duration("duration", 10*time.Minute, "start no round after this long (with --rounds 0)")
 	steps := fs.Int("steps", fuzz.DefaultSteps, "steps in a round's schedule")
 	span := fs.Duration("span", fuzz.DefaultSpan, "the time a round's steps are drawn over")
+	interval := fs.Duration("connect-interval", fuzz.DefaultConnectInterval, "the time between a round's new connections on each path (a round holds its traffic for tens of seconds: much faster, and a correct dataplane runs out of tuples; docs/fuzzing.md)")
 	replay := fs.String("replay", "", "run the schedule of this replay file (one that `dpconform fuzz` wrote) and nothing else")
 	noShrink := fs.Bool("no-shrink", false, "report a failing schedule as it is, without shrinking it")
 	replays := fs.Int("replays", fuzz.DefaultReplays, "while shrinking, replay each candidate up to `N` times (it fails if any replay does)")
@@ -100,7 +101,7 @@ func fuzzCmd(args []string) error {
 		return replayCmd(ctx, r, *rf, *output, prog)
 	}
 	prog.Logf("fuzzing %s %s with seed %d", r.Info().Name, r.Info().Version, *seed)
-	run, err := fuzz.Fuzz(ctx, r, fuzz.Options{Seed: *seed, Steps: *steps, Span: *span, Rounds: *rounds, Duration: *duration,
+	run, err := fuzz.Fuzz(ctx, r, fuzz.Options{Seed: *seed, Steps: *steps, Span: *span, ConnectInterval: *interval, Rounds: *rounds, Duration: *duration,
 		Shrink: !*noShrink, Replays: *replays, Logf: prog.Logf})
 	if werr := writeFuzz(r, run, *output, prog); werr != nil {
 		err = errors.Join(err, werr)
