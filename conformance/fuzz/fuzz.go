@@ -19,6 +19,8 @@ type Options struct {
 	// ConnectInterval is the time between new connections on each path (0:
 	// DefaultConnectInterval).
 	ConnectInterval time.Duration
+	// Mode is the implementation's mode the agents start in (empty: its default).
+	Mode string
 	// Rounds bounds the run to that many rounds; Duration, to the rounds that start
 	// within it. The run stops at the first round that finds a violation.
 	Rounds   int
@@ -104,7 +106,7 @@ func Fuzz(ctx context.Context, r *conformance.Runner, o Options) (run Run, err e
 			return run, ctx.Err()
 		}
 		s := Generate(o.Seed, round, claims, o.Steps, o.Span)
-		s.ConnectInterval = Offset(o.ConnectInterval)
+		s.ConnectInterval, s.Mode = Offset(o.ConnectInterval), o.Mode
 		o.Logf("round %d of seed %d:\n%s", round, o.Seed, s)
 		res := r.Run(ctx, Spec(s, r.Info()))
 		run.Results = append(run.Results, res)

@@ -61,7 +61,7 @@ func upgrades(info driver.Info) bool {
 // connect-interval and two long-lived streams on each of the four service paths;
 // the schedule's steps; and the model's checks over the whole of it. Where info
 // offers versions, the agents start at the one before the newest, which OpUpgrade
-// moves them from and back to.
+// moves them from and back to; they start in the schedule's Mode.
 func Spec(s Schedule, info driver.Info) conformance.Spec {
 	sp := conformance.Spec{
 		ID:       fmt.Sprintf("FUZZ-%d-%d", s.Seed, s.Round),
@@ -72,11 +72,9 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 			"no established stream resets or stalls past {stream-max-gap}.", s.Round, s.Seed, len(s.Actions), s.Span().Round(time.Millisecond), s.interval()),
 		Body: func(ctx context.Context, e *conformance.Env) error { return runRound(ctx, e, s) },
 	}
+	sp.Setup.Start.Mode, sp.Setup.Upgrade.Mode = s.Mode, s.Mode
 	if upgrades(info) {
-		sp.Setup = conformance.Setup{
-			Start:   driver.StartOptions{Version: driver.VersionPrevious},
-			Upgrade: driver.StartOptions{Version: driver.VersionLatest},
-		}
+		sp.Setup.Start.Version, sp.Setup.Upgrade.Version = driver.VersionPrevious, driver.VersionLatest
 	}
 	return sp
 }

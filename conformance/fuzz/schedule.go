@@ -103,8 +103,11 @@ type Schedule struct {
 	Round int    `json:"round"`
 	// ConnectInterval is the time between new connections on each path (0:
 	// DefaultConnectInterval).
-	ConnectInterval Offset   `json:"connectInterval,omitempty"`
-	Actions         []Action `json:"actions"`
+	ConnectInterval Offset `json:"connectInterval,omitempty"`
+	// Mode is the implementation's mode its agents start in (start --mode; empty:
+	// its default).
+	Mode    string   `json:"mode,omitempty"`
+	Actions []Action `json:"actions"`
 }
 
 // DefaultConnectInterval is the time between a round's new connections on each of

@@ -39,6 +39,7 @@ func fuzzCmd(args []string) error {
 	steps := fs.Int("steps", fuzz.DefaultSteps, "steps in a round's schedule")
 	span := fs.Duration("span", fuzz.DefaultSpan, "the time a round's steps are drawn over")
 	interval := fs.Duration("connect-interval", fuzz.DefaultConnectInterval, "the time between a round's new connections on each path (a round holds its traffic for tens of seconds: much faster, and a correct dataplane runs out of tuples; docs/fuzzing.md)")
+	mode := fs.String("mode", "", "the implementation's mode its agents start in (start --mode; one of info's modes; default: its default)")
 	replay := fs.String("replay", "", "run the schedule of this replay file (one that `dpconform fuzz` wrote) and nothing else")
 	noShrink := fs.Bool("no-shrink", false, "report a failing schedule as it is, without shrinking it")
 	replays := fs.Int("replays", fuzz.DefaultReplays, "while shrinking, replay each candidate up to `N` times (it fails if any replay does)")
@@ -100,8 +101,11 @@ func fuzzCmd(args []string) error {
 	if rf != nil {
 		return replayCmd(ctx, r, *rf, *output, prog)
 	}
+	if err := r.Info().Offers(driver.StartOptions{Mode: *mode}); err != nil {
+		return fmt.Errorf("--mode: %w", err)
+	}
 	prog.Logf("fuzzing %s %s with seed %d", r.Info().Name, r.Info().Version, *seed)
-	run, err := fuzz.Fuzz(ctx, r, fuzz.Options{Seed: *seed, Steps: *steps, Span: *span, ConnectInterval: *interval, Rounds: *rounds, Duration: *duration,
+	run, err := fuzz.Fuzz(ctx, r, fuzz.Options{Seed: *seed, Steps: *steps, Span: *span, ConnectInterval: *interval, Mode: *mode, Rounds: *rounds, Duration: *duration,
 		Shrink: !*noShrink, Replays: *replays, Logf: prog.Logf})
 	if werr := writeFuzz(r, run, *output, prog); werr != nil {
 		err = errors.Join(err, werr)
