@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -113,12 +112,12 @@ func switchStreamBody(flow string) func(context.Context, *conformance.Env) error
 			backend = f.Remote
 		}
 		only := matchers.Probes(fl.Name)
-		h := &handover{n: f.NodeA}
+		h := &conformance.Handover{Node: f.NodeA}
 		return e.Run(ctx, conformance.Scenario{
 			Traffic: []conformance.Traffic{{From: fl.From, Probe: e.Stream(fl.Name, fl.Target, streamsPerFlow)}},
 			Preconditions: []conformance.Check{
 				{Name: "the streams carry echoes through kube-proxy before the switch", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, only)},
-				forwardPolicyDrop(f.NodeA),
+				conformance.ForwardPolicyDrop(f.NodeA),
 				throughKubeProxy(f.NodeA, fl, backend, streamsPerFlow),
 				h.Before(),
 			},
@@ -139,9 +138,9 @@ func switchNewConnections(ctx context.Context, e *conformance.Env) error {
 	if err != nil {
 		return err
 	}
-	h := &handover{n: f.NodeA}
+	h := &conformance.Handover{Node: f.NodeA}
 	sc := conformance.Scenario{
-		Preconditions: []conformance.Check{forwardPolicyDrop(f.NodeA), h.Before()},
+		Preconditions: []conformance.Check{conformance.ForwardPolicyDrop(f.NodeA), h.Before()},
 		Transition:    []conformance.Step{conformance.Switch(f.NodeA)},
 		Settle:        e.Budgets.SwitchSettle,
 	}
@@ -165,10 +164,10 @@ func switchCleanup(ctx context.Context, e *conformance.Env) error {
 	if err := nodestate.Plant(ctx, f.NodeA); err != nil {
 		return err
 	}
-	h := &handover{n: f.NodeA}
+	h := &conformance.Handover{Node: f.NodeA}
 	return e.Run(ctx, conformance.Scenario{
 		Preconditions: []conformance.Check{
-			forwardPolicyDrop(f.NodeA),
+			conformance.ForwardPolicyDrop(f.NodeA),
 			h.Before(),
 		},
 		Transition: []conformance.Step{conformance.Switch(f.NodeA)},
@@ -180,7 +179,7 @@ func switchCleanup(ctx context.Context, e *conformance.Env) error {
 				if err != nil {
 					return conformance.StateResult{}, err
 				}
-				r := conformance.StateResult{Figures: []matchers.Figure{count("planted_rules_removed", len(missing), budgetZero(), fmt.Sprintf("of %d rules the suite planted, removed", len(nodestate.Planted)))}}
+				r := conformance.StateResult{Figures: []matchers.Figure{conformance.Count("planted_rules_removed", len(missing), budgetZero(), fmt.Sprintf("of %d rules the suite planted, removed", len(nodestate.Planted)))}}
 				if len(missing) > 0 {
 					r.Kind, r.Violation = conformance.KindRulesRemoved, "the switch removed rules that are not kube-proxy's:\n  "+strings.Join(missing, "\n  ")
 				}
@@ -194,7 +193,7 @@ func switchCleanup(ctx context.Context, e *conformance.Env) error {
 						failed = append(failed, err.Error())
 					}
 				}
-				r := conformance.StateResult{Figures: []matchers.Figure{count("services_not_flowing", len(failed), budgetZero(), "of 4 service flows, not carrying new connections")}}
+				r := conformance.StateResult{Figures: []matchers.Figure{conformance.Count("services_not_flowing", len(failed), budgetZero(), "of 4 service flows, not carrying new connections")}}
 				if len(failed) > 0 {
 					r.Kind, r.Violation = conformance.KindNotFlowing, strings.Join(failed, "\n")
 				}
@@ -202,71 +201,6 @@ func switchCleanup(ctx context.Context, e *conformance.Env) error {
 			}},
 		},
 	})
-}
-
-// handover judges that the switch happened: the rules kube-proxy held on the node
-// before the switch (its service chains, the jumps to them, its nftables tables) are
-// gone once the node has settled. Until they are, kube-proxy still carries the node
-// and nothing about the hand-over is shown (Calico's seed-2 bug appears only once
-// KUBE-FORWARD is deleted), so every switch spec checks it. Only what was there
-// before counts: an implementation that is itself a kube-proxy (nftables mode) owns
-// the table it creates.
-type handover struct {
-	n      topologies.Node
-	before []string
-}
-
-// Before records kube-proxy's rules on the node; it needs some.
-func (h *handover) Before() conformance.Check {
-	return conformance.Check{Name: "kube-proxy has programmed " + h.n.Name(), State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
-		var err error
-		if h.before, err = nodestate.KubeProxyRules(ctx, h.n); err != nil {
-			return conformance.StateResult{}, err
-		}
-		if len(h.before) == 0 {
-			return conformance.StateResult{}, fmt.Errorf("%w: kube-proxy left no service rules on %s before the switch: the hand-over cannot be judged", conformance.ErrEnvironment, h.n.Name())
-		}
-		return conformance.StateResult{Figures: []matchers.Figure{count("kube_proxy_rules", len(h.before), nil, "rules of kube-proxy's on "+h.n.Name()+" before the switch")}}, nil
-	}}
-}
-
-// After judges that none of them is left.
-func (h *handover) After() conformance.Check {
-	return conformance.Check{Name: "kube-proxy's service chains and the jumps to them are gone", State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
-		now, err := nodestate.KubeProxyRules(ctx, h.n)
-		if err != nil {
-			return conformance.StateResult{}, err
-		}
-		var left []string
-		for _, r := range now {
-			if slices.Contains(h.before, r) {
-				left = append(left, r)
-			}
-		}
-		r := conformance.StateResult{Figures: []matchers.Figure{count("kube_proxy_rules_left", len(left), budgetZero(),
-			fmt.Sprintf("of the %d rules of kube-proxy's on %s before the switch left (KUBE-MARK-*, kubelet's KUBE-FIREWALL may stay)", len(h.before), h.n.Name()))}}
-		if len(left) > 0 {
-			r.Kind, r.Violation = conformance.KindRulesLeft, fmt.Sprintf("%d of kube-proxy's rules are still on %s %s after ready:\n  %s",
-				len(left), h.n.Name(), e.Budgets.SwitchSettle, strings.Join(left, "\n  "))
-		}
-		return r, nil
-	}}
-}
-
-// forwardPolicyDrop proves the node's FORWARD policy is DROP before the switch: that
-// is what makes kube-proxy's KUBE-FORWARD accept (and, after it, the
-// implementation's) matter.
-func forwardPolicyDrop(n topologies.Node) conformance.Check {
-	return conformance.Check{Name: n.Name() + "'s FORWARD policy is DROP", State: func(ctx context.Context, e *conformance.Env) (conformance.StateResult, error) {
-		p, err := nodestate.ForwardPolicy(ctx, n)
-		if err != nil {
-			return conformance.StateResult{}, err
-		}
-		if p != "DROP" {
-			return conformance.StateResult{}, fmt.Errorf("%w: %s's FORWARD policy is %s, the switch specs need DROP", conformance.ErrEnvironment, n.Name(), p)
-		}
-		return conformance.StateResult{}, nil
-	}}
 }
 
 // throughKubeProxy proves the flows run through kube-proxy's DNAT: Linux conntrack on
@@ -293,12 +227,8 @@ func throughKubeProxy(n topologies.Node, fl workloads.Flow, backend topologies.P
 		if nated < want {
 			return conformance.StateResult{}, fmt.Errorf("%w: Linux conntrack on %s holds %d established flows to %s answered by %s, want %d: the streams do not run through kube-proxy", conformance.ErrEnvironment, n.Name(), nated, fl.Target, to, want)
 		}
-		return conformance.StateResult{Figures: []matchers.Figure{count("kube_proxy_flows", nated, nil, "established flows NATed by kube-proxy in Linux conntrack")}}, nil
+		return conformance.StateResult{Figures: []matchers.Figure{conformance.Count("kube_proxy_flows", nated, nil, "established flows NATed by kube-proxy in Linux conntrack")}}, nil
 	}}
-}
-
-func count(name string, n int, budget *float64, text string) matchers.Figure {
-	return matchers.Figure{Name: name, Value: float64(n), Unit: "count", Budget: budget, Text: fmt.Sprintf("%d %s", n, text)}
 }
 
 func budgetZero() *float64 { z := 0.0; return &z }
