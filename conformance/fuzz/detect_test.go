@@ -32,8 +32,8 @@ const (
 // fault: the round that found it and after how long, how it failed, the steps it
 // shrank to, and the specs that name the fault. A fault it does not find is a line
 // too: what the schedules cannot yet compose. A fault that only specs of profiles
-// whose steps the fuzzer does not draw (Policy, ModeSwitch, Observability) name is
-// listed as such, not fuzzed.
+// whose steps the fuzzer does not draw (not in fuzz.Profiles) name is listed as
+// such, not fuzzed.
 func TestDetection(t *testing.T) {
 	out := os.Getenv(envDetect)
 	if out == "" {
@@ -54,8 +54,8 @@ func TestDetection(t *testing.T) {
 	defer pool.Close()
 	lines := []string{"fault\tfound in round\tafter\tkinds\tshrunk to\tshrink replays\tspecs that name it\tfirst violation"}
 	for _, name := range names {
-		if ps := profilesNaming(name); !slices.Contains(ps, conformance.Core) && !slices.Contains(ps, conformance.Upgrade) {
-			why := fmt.Sprintf("not fuzzed: only %s specs name it, and the fuzzer draws Core's and Upgrade's steps", joinProfiles(ps))
+		if ps := profilesNaming(name); !slices.ContainsFunc(ps, func(p conformance.Profile) bool { return slices.Contains(fuzz.Profiles, p) }) {
+			why := fmt.Sprintf("not fuzzed: only %s specs name it, and the fuzzer draws the steps of %s", joinProfiles(ps), joinProfiles(fuzz.Profiles))
 			lines = append(lines, strings.Join([]string{name, "-", "-", "-", "-", "-", strings.Join(naming(name), " "), why}, "\t"))
 			continue
 		}

@@ -47,10 +47,11 @@ func runner(t *testing.T, ctx context.Context, bins map[string]string, pool *net
 	return r
 }
 
-// A short seeded fuzz run, as make test runs it: the clean reference passes two
-// rounds; with a fault that any restart of an agent shows (its conntrack is not
-// pinned, so established flows are reset), the first round that restarts one fails,
-// the schedule shrinks to that one step, and its replay file fails again.
+// A short seeded fuzz run, as make test runs it: the clean reference passes the
+// first two rounds of seed 1 (each starts with a switch from kube-proxy); with a
+// fault that any restart of an agent shows (its conntrack is not pinned, so
+// established flows are reset), seed 7's first round, which restarts node 1 first,
+// fails, the schedule shrinks to one step, and its replay file fails again.
 func TestFuzzReference(t *testing.T) {
 	privileged.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -76,7 +77,7 @@ func TestFuzzReference(t *testing.T) {
 	t.Run("finds and shrinks unpinned-conntrack", func(t *testing.T) {
 		g := NewWithT(t)
 		r := runner(t, ctx, bins, pool, "unpinned-conntrack")
-		run, err := fuzz.Fuzz(ctx, r, fuzz.Options{Seed: 1, Rounds: 3, Shrink: true, Replays: 1, Logf: t.Logf})
+		run, err := fuzz.Fuzz(ctx, r, fuzz.Options{Seed: 7, Rounds: 3, Shrink: true, Replays: 1, Logf: t.Logf})
 		g.Expect(err).NotTo(HaveOccurred())
 		f := run.Finding
 		g.Expect(f).NotTo(BeNil(), "no violation in %d rounds", len(run.Rounds))

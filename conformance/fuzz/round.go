@@ -14,6 +14,7 @@ import (
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/driver"
+	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/probe"
@@ -37,18 +38,33 @@ const idleApp = "fuzz-idle"
 // streamsPerFlow is how many long-lived streams a round holds on each service flow.
 const streamsPerFlow = 2
 
-// Spares are the spare backends of a round's world, one per node in this order:
-// each serves throughout, and the schedule labels it into and out of the Services.
-var Spares = []string{"spare-a", "spare-b"}
+// Spares are the spare backends of a round's world: each serves throughout, and the
+// schedule labels it into and out of the Services. spare-a is on node 1, spare-b on
+// node 2; unready-a, on node 1, is never ready, so a Service it is labelled into
+// lists it not ready and may send it nothing.
+var Spares = []string{"spare-a", "spare-b", unready}
+
+// unready is the spare backend whose Ready condition stays false.
+const unready = "unready-a"
+
+// spareNode is the node (counted from 0) each spare backend runs on.
+var spareNode = map[string]int{"spare-a": 0, "spare-b": 1, unready: 0}
 
 // Services are the Services of a round's world (the Core fixture's), each with its
 // own backend that never leaves it.
 var Services = []string{"web-local", "web-remote"}
 
+// Profiles are the profiles whose transitions a schedule composes: the faults their
+// specs name are the ones fuzzing should find.
+var Profiles = []conformance.Profile{conformance.Core, conformance.Upgrade, conformance.ModeSwitch}
+
 // ClaimsOf are the claims a schedule for info may draw on.
 func ClaimsOf(info driver.Info) Claims {
-	return Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: upgrades(info)}
+	return Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: upgrades(info), Switch: switches(info)}
 }
+
+// switches reports whether info takes a node over from kube-proxy.
+func switches(info driver.Info) bool { return info.HasProfile(string(conformance.ModeSwitch)) }
 
 // upgrades reports whether info offers a version to upgrade to from the one before.
 func upgrades(info driver.Info) bool {
@@ -61,7 +77,8 @@ func upgrades(info driver.Info) bool {
 // connect-interval and two long-lived streams on each of the four service paths;
 // the schedule's steps; and the model's checks over the whole of it. Where info
 // offers versions, the agents start at the one before the newest, which OpUpgrade
-// moves them from and back to; they start in the schedule's Mode.
+// moves them from and back to; they start in the schedule's Mode. A schedule that
+// switches a node starts with the real kube-proxy there instead.
 func Spec(s Schedule, info driver.Info) conformance.Spec {
 	sp := conformance.Spec{
 		ID:       fmt.Sprintf("FUZZ-%d-%d", s.Seed, s.Round),
@@ -72,7 +89,13 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 			"no established stream resets or stalls past {stream-max-gap}.", s.Round, s.Seed, len(s.Actions), s.Span().Round(time.Millisecond), s.interval()),
 		Body: func(ctx context.Context, e *conformance.Env) error { return runRound(ctx, e, s) },
 	}
+	if n := s.Switched(); n > 0 {
+		sp.Description += fmt.Sprintf(" Node %d starts under the real kube-proxy and is switched to the implementation: kube-proxy's rules are gone {switch-settle} after, and a stream may stall {switch-max-gap}.", n)
+	}
 	sp.Setup.Start.Mode, sp.Setup.Upgrade.Mode = s.Mode, s.Mode
+	if n := s.Switched(); n > 0 {
+		sp.Setup.KubeProxy = []int{n - 1}
+	}
 	if upgrades(info) {
 		sp.Setup.Start.Version, sp.Setup.Upgrade.Version = driver.VersionPrevious, driver.VersionLatest
 	}
@@ -98,8 +121,12 @@ func deploy(ctx context.Context, e *conformance.Env) (*world, error) {
 	}
 	w := &world{core: core, nodes: []topologies.Node{core.NodeA, core.NodeB}, spares: map[string]topologies.Pod{},
 		apps: map[string]string{}, own: map[string]string{}, service: map[string]string{}}
-	for i, name := range Spares {
-		p, _, err := workloads.AddBackend(ctx, e.World, name, w.nodes[i].Name(), map[string]string{"app": idleApp})
+	for _, name := range Spares {
+		add := workloads.AddBackend
+		if name == unready {
+			add = workloads.AddNotReadyBackend
+		}
+		p, _, err := add(ctx, e.World, name, w.nodes[spareNode[name]].Name(), map[string]string{"app": idleApp})
 		if err != nil {
 			return nil, err
 		}
@@ -116,18 +143,26 @@ func deploy(ctx context.Context, e *conformance.Env) (*world, error) {
 // for another world).
 func (w *world) validate(s Schedule, info driver.Info) error {
 	var errs []error
+	stepped := map[int]bool{} // nodes an earlier step worked on
 	for i, a := range s.Actions {
 		bad := func(format string, args ...any) {
 			errs = append(errs, fmt.Errorf("step %d (%s): %s", i+1, a, fmt.Sprintf(format, args...)))
 		}
 		switch a.Op {
-		case OpRestart, OpCrash, OpUpgrade, OpOutage:
+		case OpRestart, OpCrash, OpUpgrade, OpOutage, OpSwitch:
 			if a.Node < 1 || a.Node > len(w.nodes) {
 				bad("no node %d: the world has nodes 1 to %d", a.Node, len(w.nodes))
 			}
 			if a.Op == OpUpgrade && !upgrades(info) {
 				bad("%s offers no versions to upgrade between", info.Name)
 			}
+			if a.Op == OpSwitch && !switches(info) {
+				bad("%s does not claim the %s profile: it takes no node over from kube-proxy", info.Name, conformance.ModeSwitch)
+			}
+			if a.Op == OpSwitch && (stepped[a.Node] || s.Switched() != a.Node) {
+				bad("a switch is the first step on its node, and a schedule has one")
+			}
+			stepped[a.Node] = true
 		case OpJoin, OpLeave:
 			if _, ok := w.spares[a.Backend]; !ok {
 				bad("no spare backend %q (the spares are %s)", a.Backend, strings.Join(Spares, ", "))
@@ -136,7 +171,7 @@ func (w *world) validate(s Schedule, info driver.Info) error {
 				bad("no Service %q (the Services are %s)", a.Service, strings.Join(Services, ", "))
 			}
 		default:
-			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave)", a.Op)
+			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, switch)", a.Op)
 		}
 	}
 	return errors.Join(errs...)
@@ -168,15 +203,36 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 	}
 	only := matchers.Probes(streams...)
 	sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "the streams carry echoes before the schedule", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, only)})
-	m := &model{tl: e.World.Timeline().Transitions, budget: e.Budgets.EndpointProgrammed, reconcile: e.Budgets.ReconcileWithin,
+	maxGap := e.Budgets.StreamMaxGap
+	var handover *conformance.Handover
+	if n := s.Switched(); n > 0 {
+		// As the SWITCH specs judge it: the node's FORWARD policy DROP and
+		// kube-proxy's rules in place first, gone switch-settle after; a stream may
+		// stall switch-max-gap in the round.
+		handover = &conformance.Handover{Node: w.nodes[n-1]}
+		sc.Preconditions = append(sc.Preconditions, conformance.ForwardPolicyDrop(handover.Node), handover.Before())
+		sc.Settle, maxGap = e.Budgets.SwitchSettle, max(maxGap, e.Budgets.SwitchMaxGap)
+	}
+	m := &model{tl: e.World.Timeline().Transitions, budget: e.Budgets.EndpointProgrammed,
 		service: w.service, own: w.own, apps: w.apps, pathNode: w.core.NodeA.Name()}
 	sc.Checks = append(sc.Checks,
 		conformance.Check{Name: "every answer is from a backend its Service had, within endpoint-programmed", Matcher: newAnswersAsModelled(m.allowed, connects...)},
 		conformance.Check{Name: "no established stream reset", Matcher: matchers.HaveNoResets(only)},
-		conformance.Check{Name: "no stream gap over stream-max-gap", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, only)},
+		conformance.Check{Name: "no stream gap over " + budgetName(maxGap == e.Budgets.StreamMaxGap), Matcher: matchers.HaveStreamGapsWithin(maxGap, only)},
 		conformance.Check{Name: "every stream alive at the end", Matcher: matchers.BeAliveAtEnd(only)},
 	)
+	if handover != nil {
+		sc.Checks = append(sc.Checks, handover.After())
+	}
 	return e.Run(ctx, sc)
+}
+
+// budgetName names the stream-gap budget a round holds its streams to.
+func budgetName(stream bool) string {
+	if stream {
+		return "stream-max-gap"
+	}
+	return "switch-max-gap"
 }
 
 // serviceOf is the Service whose own backend is b.
@@ -217,6 +273,8 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 			}
 			upgraded[a.Node-1] = !upgraded[a.Node-1]
 			return st.Do(ctx, e)
+		case OpSwitch:
+			return conformance.Switch(n).Do(ctx, e)
 		case OpOutage:
 			if err := conformance.Stop(n).Do(ctx, e); err != nil {
 				return err
@@ -286,20 +344,21 @@ func (w *world) label(ctx context.Context, e *conformance.Env, backend, app stri
 	return nil
 }
 
-// model is the Services' endpoints as the round changed them, read from the
+// model is the Services' ready endpoints as the round changed them, read from the
 // timeline's EventLabelled events: a Service's own backend always, and each spare
-// from the moment it was labelled in to the moment it was labelled out. A change
-// may take budget to be programmed; one made while the agent of the node that
-// programs the probes' paths was down (stop-sent or kill-sent to ready), up to
-// reconcile after it is ready again (RESTART-RECONCILE's rule).
+// that is ready from the moment it was labelled in to the moment it was labelled
+// out; the spare that is never ready, never. A change may take budget to be
+// programmed; while the agent of the node that programs the probes' paths is down
+// (stop-sent, kill-sent or kube-proxy-stop-sent to ready), the datapath may keep
+// what it had before, but once that agent is ready it has caught up on what changed
+// meanwhile (RESTART-RECONCILE's rule: nothing to a backend that left, from ready).
 type model struct {
-	tl        func() []timeline.Transition
-	budget    time.Duration
-	reconcile time.Duration
-	service   map[string]string // connect probe -> Service
-	own       map[string]string // Service -> its own backend
-	apps      map[string]string // Service -> its selector's app label
-	pathNode  string            // the node whose agent programs every probe's path
+	tl       func() []timeline.Transition
+	budget   time.Duration
+	service  map[string]string // connect probe -> Service
+	own      map[string]string // Service -> its own backend
+	apps     map[string]string // Service -> its selector's app label
+	pathNode string            // the node whose agent programs every probe's path
 
 	once    sync.Once
 	changes map[string][]change // spare -> its label's changes, in time order
@@ -315,8 +374,9 @@ type change struct {
 }
 
 // allowed are the backends that may answer an attempt of probe started at t: the
-// Service's own, and every spare that was in it at some moment from budget (and
-// slack) before t to slack after. A probe of no Service allows any.
+// Service's own, and every ready spare that was in it at some moment from budget
+// (and slack) before t to slack after, or, while the agent is down, from budget
+// before it went down. A probe of no Service allows any.
 func (m *model) allowed(probe string, t monotime.Time, slack time.Duration) []string {
 	m.once.Do(m.build)
 	svc, ok := m.service[probe]
@@ -326,12 +386,12 @@ func (m *model) allowed(probe string, t monotime.Time, slack time.Duration) []st
 	out := []string{m.own[svc]}
 	lo, hi := t.Add(-m.budget-slack), t.Add(slack)
 	for _, d := range m.downs {
-		if t >= d.from.Add(-slack) && (d.to == 0 || t <= d.to.Add(m.reconcile+slack)) {
+		if t >= d.from.Add(-slack) && (d.to == 0 || t <= d.to.Add(slack)) {
 			lo = min(lo, d.from.Add(-m.budget-slack))
 		}
 	}
 	for _, spare := range Spares {
-		if m.inDuring(spare, m.apps[svc], lo, hi) {
+		if spare != unready && m.inDuring(spare, m.apps[svc], lo, hi) {
 			out = append(out, spare)
 		}
 	}
@@ -343,7 +403,7 @@ func (m *model) build() {
 	down := monotime.Time(0)
 	for _, tr := range m.tl() {
 		switch {
-		case (tr.Name == timeline.StopSent || tr.Name == timeline.KillSent) && tr.Detail == m.pathNode && down == 0:
+		case (tr.Name == timeline.StopSent || tr.Name == timeline.KillSent || tr.Name == harness.KubeProxyStopSent) && tr.Detail == m.pathNode && down == 0:
 			down = tr.Time
 		case tr.Name == timeline.Ready && tr.Detail == m.pathNode && down != 0:
 			m.downs = append(m.downs, span{down, tr.Time})

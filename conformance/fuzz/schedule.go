@@ -8,6 +8,7 @@
 package fuzz
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -37,6 +38,10 @@ const (
 	OpJoin Op = "join"
 	// OpLeave labels the spare backend Backend out of every Service.
 	OpLeave Op = "leave"
+	// OpSwitch hands Node over from the real kube-proxy to the implementation
+	// (conformance.Switch): a round with one starts with kube-proxy on that node,
+	// and it is the first step there.
+	OpSwitch Op = "switch"
 )
 
 // Offset is a time from a schedule's start, written as a duration ("1.25s").
@@ -66,7 +71,7 @@ func (o *Offset) UnmarshalJSON(b []byte) error {
 type Action struct {
 	At Offset `json:"at"`
 	Op Op     `json:"op"`
-	// Node is the agent's node (OpRestart, OpCrash, OpUpgrade, OpOutage), counted
+	// Node is the agent's node (OpRestart, OpCrash, OpUpgrade, OpOutage, OpSwitch), counted
 	// from 1 in the topology's order.
 	Node    int    `json:"node,omitempty"`
 	For     Offset `json:"for,omitempty"`     // OpOutage: how long the agent stays down
@@ -84,6 +89,8 @@ func (a Action) String() string {
 		return fmt.Sprintf("%s leave %s", at, a.Backend)
 	case OpOutage:
 		return fmt.Sprintf("%s outage node %d for %s", at, a.Node, time.Duration(a.For))
+	case OpSwitch:
+		return fmt.Sprintf("%s switch node %d from kube-proxy", at, a.Node)
 	}
 	return fmt.Sprintf("%s %s node %d", at, a.Op, a.Node)
 }
@@ -138,6 +145,16 @@ func (s Schedule) String() string {
 	return strings.Join(lines, "\n")
 }
 
+// Switched is the node (counted from 1) the schedule switches from kube-proxy, or 0.
+func (s Schedule) Switched() int {
+	for _, a := range s.Actions {
+		if a.Op == OpSwitch {
+			return a.Node
+		}
+	}
+	return 0
+}
+
 // Span is when the last step is due.
 func (s Schedule) Span() time.Duration {
 	if len(s.Actions) == 0 {
@@ -147,24 +164,30 @@ func (s Schedule) Span() time.Duration {
 }
 
 // Claims are what a schedule may draw on: the implementation's nodes, spare
-// backends and Services, and whether it offers versions to upgrade between.
+// backends and Services, whether it offers versions to upgrade between, and whether
+// it takes a node over from kube-proxy.
 type Claims struct {
 	Nodes    int
 	Spares   []string
 	Services []string
 	Upgrade  bool
+	Switch   bool
 }
 
 // Generate draws round's schedule of n steps from seed: the same seed, round and
 // claims always give the same schedule. The steps' gaps are exponential with a mean
 // of span/n, so some steps fall inside another's window (a crash during a restart
 // of the other node, a backend leaving while the agent is down) and others are far
-// apart.
+// apart; an outage of node 1 has a Service change inside it. Where the implementation takes nodes over from kube-proxy, about one round
+// in four starts with node 1 (whose agent programs every path) under kube-proxy and
+// switches it at once, so the round's first steps fall inside the hand-over. (Not
+// more: a stream opened through kube-proxy stays in Linux conntrack, so in such a
+// round no stream tests the implementation's own conntrack across a restart.)
 func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Schedule {
 	rng := rand.New(rand.NewPCG(seed, uint64(round)))
 	s := Schedule{Seed: seed, Round: round}
 	member := map[string]string{} // spare -> the Service it is labelled into
-	ops := []Op{OpRestart, OpRestart, OpCrash, OpCrash, OpOutage, OpJoin, OpJoin, OpJoin}
+	ops := []Op{OpRestart, OpRestart, OpCrash, OpCrash, OpOutage, OpOutage, OpJoin, OpJoin, OpJoin}
 	if c.Upgrade {
 		ops = append(ops, OpUpgrade, OpUpgrade)
 	}
@@ -173,28 +196,61 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 	}
 	mean := float64(span) / float64(max(n, 1))
 	at := time.Duration(0)
-	for range n {
+	if c.Switch && n > 0 && rng.IntN(4) == 0 {
+		s.Actions = append(s.Actions, Action{Op: OpSwitch, Node: 1})
+	}
+	membership := func(a *Action) {
+		// A spare's membership changes: out of its Service, or into one (moved
+		// from another now and then).
+		a.Backend = c.Spares[rng.IntN(len(c.Spares))]
+		if cur := member[a.Backend]; cur != "" && rng.IntN(4) != 0 {
+			a.Op = OpLeave
+			delete(member, a.Backend)
+			return
+		}
+		a.Op, a.Service = OpJoin, c.Services[rng.IntN(len(c.Services))]
+		member[a.Backend] = a.Service
+	}
+	for len(s.Actions) < n {
 		at += time.Duration(rng.ExpFloat64() * mean).Round(time.Millisecond)
 		a := Action{At: Offset(at), Op: ops[rng.IntN(len(ops))]}
+		var inside *Action
 		switch a.Op {
 		case OpRestart, OpCrash, OpUpgrade:
 			a.Node = 1 + rng.IntN(c.Nodes)
 		case OpOutage:
 			a.Node = 1 + rng.IntN(c.Nodes)
 			a.For = Offset(time.Duration(300+rng.IntN(2700)) * time.Millisecond)
-		case OpJoin:
-			// A spare's membership changes: out of its Service, or into one (moved
-			// from another now and then).
-			a.Backend = c.Spares[rng.IntN(len(c.Spares))]
-			if cur := member[a.Backend]; cur != "" && rng.IntN(4) != 0 {
-				a.Op = OpLeave
-				delete(member, a.Backend)
-				break
+			// While node 1's agent, which programs every path, is down, a Service
+			// changes: it must have caught up when it is ready again.
+			if a.Node == 1 && slices.Contains(ops, OpJoin) && len(s.Actions)+2 <= n {
+				inside = &Action{At: a.At + a.For/2}
+				membership(inside)
 			}
-			a.Service = c.Services[rng.IntN(len(c.Services))]
-			member[a.Backend] = a.Service
+		case OpJoin:
+			membership(&a)
 		}
 		s.Actions = append(s.Actions, a)
+		if inside != nil {
+			s.Actions = append(s.Actions, *inside)
+		}
+	}
+	slices.SortStableFunc(s.Actions, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
+	// A step drawn after an outage's inner one may fall due before it: in the order
+	// they are due, a spare leaves only a Service it is in.
+	clear(member)
+	for i := range s.Actions {
+		switch a := &s.Actions[i]; a.Op {
+		case OpJoin:
+			member[a.Backend] = a.Service
+		case OpLeave:
+			if member[a.Backend] == "" {
+				a.Op, a.Service = OpJoin, c.Services[rng.IntN(len(c.Services))]
+				member[a.Backend] = a.Service
+				continue
+			}
+			delete(member, a.Backend)
+		}
 	}
 	return s
 }

@@ -11,11 +11,12 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/timeline"
 )
 
-var claims = Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: true}
+var claims = Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: true, Switch: true}
 
 func TestGenerateIsSeeded(t *testing.T) {
 	g := NewWithT(t)
@@ -31,7 +32,7 @@ func TestGenerateIsSeeded(t *testing.T) {
 func TestGenerateDrawsEveryStep(t *testing.T) {
 	g := NewWithT(t)
 	ops := map[Op]int{}
-	overlaps := 0
+	overlaps, inside, switched := 0, 0, 0
 	for round := 1; round <= 20; round++ {
 		s := Generate(1, round, claims, 10, 15*time.Second)
 		member := map[string]string{}
@@ -49,6 +50,15 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 			case OpOutage:
 				g.Expect(a.Node).To(BeElementOf(1, 2))
 				g.Expect(time.Duration(a.For)).To(BeNumerically(">=", 300*time.Millisecond))
+				if a.Node == 1 && slices.ContainsFunc(s.Actions, func(b Action) bool {
+					return (b.Op == OpJoin || b.Op == OpLeave) && b.At == a.At+a.For/2
+				}) {
+					inside++
+				}
+			case OpSwitch:
+				g.Expect(i).To(BeZero(), "a switch is the first step")
+				g.Expect(a.Node).To(Equal(1))
+				switched++
 			case OpJoin:
 				g.Expect(Spares).To(ContainElement(a.Backend))
 				g.Expect(Services).To(ContainElement(a.Service))
@@ -59,16 +69,18 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 			}
 		}
 	}
-	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave} {
+	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave, OpSwitch} {
 		g.Expect(ops).To(HaveKey(op), "20 rounds draw a %s", op)
 	}
 	g.Expect(overlaps).To(BeNumerically(">", 10), "steps due within 300 ms of the one before")
+	g.Expect(inside).To(BeNumerically(">", 5), "a Service changes inside an outage of node 1")
+	g.Expect(switched).To(BeNumerically("~", 5, 4), "about one round in four starts with a switch")
 
-	noUpgrade := claims
-	noUpgrade.Upgrade = false
+	fewer := claims
+	fewer.Upgrade, fewer.Switch = false, false
 	for round := 1; round <= 20; round++ {
-		for _, a := range Generate(1, round, noUpgrade, 10, 15*time.Second).Actions {
-			g.Expect(a.Op).NotTo(Equal(OpUpgrade), "no upgrade where no versions are offered")
+		for _, a := range Generate(1, round, fewer, 10, 15*time.Second).Actions {
+			g.Expect(a.Op).NotTo(BeElementOf(OpUpgrade, OpSwitch), "no upgrade where no versions are offered, no switch where none is claimed")
 		}
 	}
 }
@@ -147,9 +159,10 @@ func TestReplayFile(t *testing.T) {
 
 func at(ms int) monotime.Time { return monotime.Time(1e12 + int64(ms)*1e6) }
 
-// The model allows a spare from when it was labelled in until the change's budget
-// after it was labelled out; while the agent that programs the paths is down, the
-// state from before it went down until reconcile after it is ready again.
+// The model allows a ready spare from when it was labelled in until the change's
+// budget after it was labelled out; while the agent that programs the paths is down
+// (stopped, killed, or kube-proxy stopped for a switch), the state from before it
+// went down, until it is ready again; the spare that is never ready, never.
 func TestModel(t *testing.T) {
 	g := NewWithT(t)
 	trs := []timeline.Transition{
@@ -160,8 +173,12 @@ func TestModel(t *testing.T) {
 		{Time: at(11000), Name: EventLabelled, Detail: "spare-b app=web-local"},
 		{Time: at(12000), Name: timeline.Ready, Detail: "node-a"},
 		{Time: at(13000), Name: timeline.KillSent, Detail: "node-b"},
+		{Time: at(14000), Name: EventLabelled, Detail: unready + " app=web-local"},
+		{Time: at(20000), Name: harness.KubeProxyStopSent, Detail: "node-a"},
+		{Time: at(20100), Name: EventLabelled, Detail: "spare-b app=" + idleApp},
+		{Time: at(21000), Name: timeline.Ready, Detail: "node-a"},
 	}
-	m := &model{tl: func() []timeline.Transition { return trs }, budget: time.Second, reconcile: 1500 * time.Millisecond,
+	m := &model{tl: func() []timeline.Transition { return trs }, budget: time.Second,
 		service: map[string]string{"c-local": "web-local", "c-remote": "web-remote"},
 		own:     map[string]string{"web-local": "web-local", "web-remote": "web-remote"},
 		apps:    map[string]string{"web-local": "web-local", "web-remote": "web-remote"}, pathNode: "node-a"}
@@ -177,10 +194,14 @@ func TestModel(t *testing.T) {
 		{"c-local", 3999, 0, []string{"web-local", "spare-a"}},
 		{"c-local", 4001, 0, []string{"web-local"}},
 		{"c-remote", 10800, 0, []string{"web-remote", "spare-b"}},
-		// Down from 10 s to ready at 12 s: stale until 13.5 s.
-		{"c-remote", 13400, 0, []string{"web-remote", "spare-b"}},
-		{"c-remote", 13600, 0, []string{"web-remote"}},
+		// Down from 10 s to ready at 12 s: stale until ready, not after.
+		{"c-remote", 11900, 0, []string{"web-remote", "spare-b"}},
+		{"c-remote", 12100, 0, []string{"web-remote"}},
 		{"c-local", 11500, 0, []string{"web-local", "spare-b"}},
+		{"c-local", 15000, 0, []string{"web-local", "spare-b"}},
+		// kube-proxy stopped at 20 s for a switch, the implementation ready at 21 s.
+		{"c-local", 20900, 0, []string{"web-local", "spare-b"}},
+		{"c-local", 21100, 0, []string{"web-local"}},
 		{"other", 11500, 0, nil},
 	} {
 		g.Expect(m.allowed(c.probe, at(c.ms), c.slack)).To(Equal(c.want), "%s at %d ms", c.probe, c.ms)

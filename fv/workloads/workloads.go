@@ -70,7 +70,7 @@ func Direct(p topologies.Pod) string {
 // name, and returns it with its server (stop the server to close its sockets, as a
 // kubelet stopping the container does).
 func AddBackend(ctx context.Context, w *harness.World, name, node string, labels map[string]string) (topologies.Pod, *probe.Process, error) {
-	return addBackend(ctx, w, name, node, labels, false)
+	return addBackend(ctx, w, topologies.PodSpec{Name: name, Node: node, Labels: labels}, false)
 }
 
 // AddRecordingBackend is AddBackend with a server that also reports every connection
@@ -78,18 +78,25 @@ func AddBackend(ctx context.Context, w *harness.World, name, node string, labels
 // a request that reached the backend even when its reply never got back
 // (matchers.HaveZeroDelivered with OnBackends).
 func AddRecordingBackend(ctx context.Context, w *harness.World, name, node string, labels map[string]string) (topologies.Pod, *probe.Process, error) {
-	return addBackend(ctx, w, name, node, labels, true)
+	return addBackend(ctx, w, topologies.PodSpec{Name: name, Node: node, Labels: labels}, true)
 }
 
-func addBackend(ctx context.Context, w *harness.World, name, node string, labels map[string]string, record bool) (topologies.Pod, *probe.Process, error) {
-	p, err := w.Topo.AddPod(ctx, topologies.PodSpec{Name: name, Node: node, Labels: labels,
-		Ports: []topologies.ContainerPort{{Name: "echo", Port: EchoPort}, {Name: "echo-udp", Port: EchoPort, Protocol: "UDP"}}})
+// AddNotReadyBackend is AddBackend with a pod whose Ready condition stays false: it
+// serves, but its Services' EndpointSlices list it not ready, and no Service may
+// send it a new connection.
+func AddNotReadyBackend(ctx context.Context, w *harness.World, name, node string, labels map[string]string) (topologies.Pod, *probe.Process, error) {
+	return addBackend(ctx, w, topologies.PodSpec{Name: name, Node: node, Labels: labels, NotReady: true}, false)
+}
+
+func addBackend(ctx context.Context, w *harness.World, spec topologies.PodSpec, record bool) (topologies.Pod, *probe.Process, error) {
+	spec.Ports = []topologies.ContainerPort{{Name: "echo", Port: EchoPort}, {Name: "echo-udp", Port: EchoPort, Protocol: "UDP"}}
+	p, err := w.Topo.AddPod(ctx, spec)
 	if err != nil {
-		return nil, nil, fmt.Errorf("add backend %s: %w", name, err)
+		return nil, nil, fmt.Errorf("add backend %s: %w", spec.Name, err)
 	}
-	srv, err := w.StartProbe(ctx, p, probe.Serve{Name: name, TCP: []int{EchoPort}, UDP: []int{EchoPort}, RecordTCP: record})
+	srv, err := w.StartProbe(ctx, p, probe.Serve{Name: spec.Name, TCP: []int{EchoPort}, UDP: []int{EchoPort}, RecordTCP: record})
 	if err != nil {
-		return nil, nil, fmt.Errorf("serve on %s: %w", name, err)
+		return nil, nil, fmt.Errorf("serve on %s: %w", spec.Name, err)
 	}
 	return p, srv, nil
 }
