@@ -24,6 +24,23 @@ type policyCase struct {
 	catches []string
 }
 
+// PolicyCase is a case of POLICY-TRUTH-TABLE as others draw on them (the fuzzer
+// composes them with the other transitions): its name, and the NetworkPolicies in
+// force in it, given the netpol fixture's pod IPs by ID.
+type PolicyCase struct {
+	Name     string
+	Policies func(ip func(id string) netip.Addr) []*networkingv1.NetworkPolicy
+}
+
+// PolicyCases are the truth table's cases, in its order.
+func PolicyCases() []PolicyCase {
+	out := make([]PolicyCase, len(policyCases))
+	for i, c := range policyCases {
+		out[i] = PolicyCase{Name: c.name, Policies: func(ip func(string) netip.Addr) []*networkingv1.NetworkPolicy { return c.policies(ip) }}
+	}
+	return out
+}
+
 // podIPs gives the fixture's pod IPs by ID ("y/b"), for ipBlock cases.
 type podIPs func(id string) netip.Addr
 

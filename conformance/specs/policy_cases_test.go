@@ -28,7 +28,7 @@ func fakeTable() (netpolmodel.Cluster, podIPs) {
 		}
 		return a
 	}
-	return modelCluster(ip), ip
+	return workloads.NetpolCluster(ip), ip
 }
 
 func values(ps []*networkingv1.NetworkPolicy) []networkingv1.NetworkPolicy {

@@ -96,35 +96,11 @@ type table struct {
 
 func newTable(e *conformance.Env, f *workloads.Netpol) *table {
 	t := &table{e: e, f: f, applied: map[string]*networkingv1.NetworkPolicy{}}
-	t.cluster = modelCluster(t.ip)
+	t.cluster = workloads.NetpolCluster(t.ip)
 	for _, p := range f.Pods {
 		t.ids = append(t.ids, p.ID())
 	}
 	return t
-}
-
-// modelCluster is the netpol fixture as the model sees it: labelled namespaces, and
-// pods labelled with their names that declare a named container port per port and
-// protocol, at the addresses ip gives.
-func modelCluster(ip podIPs) netpolmodel.Cluster {
-	var c netpolmodel.Cluster
-	for _, ns := range workloads.NetpolNamespaces {
-		c.Namespaces = append(c.Namespaces, netpolmodel.Namespace{Name: ns,
-			Labels: map[string]string{workloads.NamespaceLabel: ns, "kubernetes.io/metadata.name": ns}})
-	}
-	var ports []corev1.ContainerPort
-	for _, p := range workloads.NetpolPorts {
-		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
-			ports = append(ports, corev1.ContainerPort{Name: workloads.NetpolPortName(p, proto), ContainerPort: p, Protocol: proto})
-		}
-	}
-	for _, ns := range workloads.NetpolNamespaces {
-		for _, name := range workloads.NetpolPods {
-			c.Pods = append(c.Pods, netpolmodel.Pod{Namespace: ns, Name: name,
-				Labels: map[string]string{workloads.PodLabel: name}, IP: ip(ns + "/" + name), Ports: ports})
-		}
-	}
-	return c
 }
 
 func (t *table) ip(id string) netip.Addr {

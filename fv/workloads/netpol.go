@@ -3,11 +3,13 @@ package workloads
 import (
 	"context"
 	"fmt"
+	"net/netip"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dpconform/dpconform/fv/harness"
+	"github.com/dpconform/dpconform/fv/netpolmodel"
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/topologies"
 )
@@ -69,14 +71,6 @@ func DeployNetpol(ctx context.Context, w *harness.World) (*Netpol, error) {
 	if len(nodes) == 0 {
 		return nil, fmt.Errorf("the netpol fixture needs a node")
 	}
-	var ports []topologies.ContainerPort
-	var tcp, udp []int
-	for _, port := range NetpolPorts {
-		ports = append(ports,
-			topologies.ContainerPort{Name: NetpolPortName(port, corev1.ProtocolTCP), Port: port, Protocol: "TCP"},
-			topologies.ContainerPort{Name: NetpolPortName(port, corev1.ProtocolUDP), Port: port, Protocol: "UDP"})
-		tcp, udp = append(tcp, int(port)), append(udp, int(port))
-	}
 	f := &Netpol{}
 	i := 0
 	for _, ns := range NetpolNamespaces {
@@ -86,12 +80,11 @@ func DeployNetpol(ctx context.Context, w *harness.World) (*Netpol, error) {
 		for _, name := range NetpolPods {
 			p := NetpolPod{Namespace: ns, Name: name}
 			var err error
-			p.Pod, err = w.Topo.AddPod(ctx, topologies.PodSpec{Name: name, Namespace: ns, Node: nodes[i%len(nodes)].Name(),
-				Labels: map[string]string{PodLabel: name}, Ports: ports})
+			p.Pod, err = w.Topo.AddPod(ctx, NetpolPodSpec(ns, name, nodes[i%len(nodes)].Name()))
 			if err != nil {
 				return nil, fmt.Errorf("add pod %s: %w", p.ID(), err)
 			}
-			if _, err := w.StartProbe(ctx, p.Pod, serveAll(p.ID(), tcp, udp)); err != nil {
+			if _, err := w.StartProbe(ctx, p.Pod, NetpolServe(p.ID())); err != nil {
 				return nil, fmt.Errorf("serve on %s: %w", p.ID(), err)
 			}
 			f.Pods = append(f.Pods, p)
@@ -99,6 +92,28 @@ func DeployNetpol(ctx context.Context, w *harness.World) (*Netpol, error) {
 		}
 	}
 	return f, nil
+}
+
+// NetpolPodSpec is a pod of the netpol fixture's shape: ns/name on node, labelled
+// with its name, declaring a named container port per port and protocol.
+func NetpolPodSpec(ns, name, node string) topologies.PodSpec {
+	var ports []topologies.ContainerPort
+	for _, port := range NetpolPorts {
+		ports = append(ports,
+			topologies.ContainerPort{Name: NetpolPortName(port, corev1.ProtocolTCP), Port: port, Protocol: "TCP"},
+			topologies.ContainerPort{Name: NetpolPortName(port, corev1.ProtocolUDP), Port: port, Protocol: "UDP"})
+	}
+	return topologies.PodSpec{Name: name, Namespace: ns, Node: node, Labels: map[string]string{PodLabel: name}, Ports: ports}
+}
+
+// NetpolServe is the server of a netpol fixture's pod: TCP and UDP on NetpolPorts
+// under its ID, reporting every request.
+func NetpolServe(id string) probe.Serve {
+	var ports []int
+	for _, port := range NetpolPorts {
+		ports = append(ports, int(port))
+	}
+	return probe.Serve{Name: id, TCP: ports, UDP: ports, RecordTCP: true}
 }
 
 func labelledNamespace(ctx context.Context, w *harness.World, name string) error {
@@ -124,6 +139,26 @@ func labelledNamespace(ctx context.Context, w *harness.World, name string) error
 	return nil
 }
 
-func serveAll(name string, tcp, udp []int) probe.Serve {
-	return probe.Serve{Name: name, TCP: tcp, UDP: udp, RecordTCP: true}
+// NetpolCluster is the netpol fixture as the NetworkPolicy model sees it: labelled
+// namespaces, and pods labelled with their names that declare a named container
+// port per port and protocol, at the addresses ip gives by ID ("y/b").
+func NetpolCluster(ip func(id string) netip.Addr) netpolmodel.Cluster {
+	var c netpolmodel.Cluster
+	for _, ns := range NetpolNamespaces {
+		c.Namespaces = append(c.Namespaces, netpolmodel.Namespace{Name: ns,
+			Labels: map[string]string{NamespaceLabel: ns, "kubernetes.io/metadata.name": ns}})
+	}
+	var ports []corev1.ContainerPort
+	for _, p := range NetpolPorts {
+		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+			ports = append(ports, corev1.ContainerPort{Name: NetpolPortName(p, proto), ContainerPort: p, Protocol: proto})
+		}
+	}
+	for _, ns := range NetpolNamespaces {
+		for _, name := range NetpolPods {
+			c.Pods = append(c.Pods, netpolmodel.Pod{Namespace: ns, Name: name,
+				Labels: map[string]string{PodLabel: name}, IP: ip(ns + "/" + name), Ports: ports})
+		}
+	}
+	return c
 }
