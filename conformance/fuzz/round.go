@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -56,12 +57,19 @@ var Services = []string{"web-local", "web-remote"}
 
 // Profiles are the profiles whose transitions a schedule composes: the faults their
 // specs name are the ones fuzzing should find.
-var Profiles = []conformance.Profile{conformance.Core, conformance.Upgrade, conformance.ModeSwitch}
+var Profiles = []conformance.Profile{conformance.Core, conformance.Upgrade, conformance.ModeSwitch, conformance.Policy}
 
 // ClaimsOf are the claims a schedule for info may draw on.
 func ClaimsOf(info driver.Info) Claims {
-	return Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: upgrades(info), Switch: switches(info)}
+	c := Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: upgrades(info), Switch: switches(info)}
+	if policed(info) {
+		c.Policies = PolicyCases()
+	}
+	return c
 }
+
+// policed reports whether info enforces NetworkPolicy.
+func policed(info driver.Info) bool { return info.HasProfile(string(conformance.Policy)) }
 
 // switches reports whether info takes a node over from kube-proxy.
 func switches(info driver.Info) bool { return info.HasProfile(string(conformance.ModeSwitch)) }
@@ -78,7 +86,8 @@ func upgrades(info driver.Info) bool {
 // the schedule's steps; and the model's checks over the whole of it. Where info
 // offers versions, the agents start at the one before the newest, which OpUpgrade
 // moves them from and back to; they start in the schedule's Mode. A schedule that
-// switches a node starts with the real kube-proxy there instead.
+// switches a node starts with the real kube-proxy there instead; one with policy
+// steps adds the netpol fixture, probed on policyPairs.
 func Spec(s Schedule, info driver.Info) conformance.Spec {
 	sp := conformance.Spec{
 		ID:       fmt.Sprintf("FUZZ-%d-%d", s.Seed, s.Round),
@@ -88,6 +97,10 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 			"every new connection (one every %s on each path) succeeds and is answered by a backend its Service had, within {endpoint-programmed}; "+
 			"no established stream resets or stalls past {stream-max-gap}.", s.Round, s.Seed, len(s.Actions), s.Span().Round(time.Millisecond), s.interval()),
 		Body: func(ctx context.Context, e *conformance.Env) error { return runRound(ctx, e, s) },
+	}
+	if s.HasPolicies() {
+		sp.Features = append(sp.Features, conformance.FeatureNetworkPolicy)
+		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet), each delivered or not as every set of policies in force {policy-programmed} before says.", len(policyPairs), len(newPodPairs))
 	}
 	if n := s.Switched(); n > 0 {
 		sp.Description += fmt.Sprintf(" Node %d starts under the real kube-proxy and is switched to the implementation: kube-proxy's rules are gone {switch-settle} after, and a stream may stall {switch-max-gap}.", n)
@@ -112,9 +125,12 @@ type world struct {
 	apps, own map[string]string
 	// service is the Service of each connect probe.
 	service map[string]string
+	// pol is the netpol fixture and its policies, where the schedule has policy
+	// steps.
+	pol *policies
 }
 
-func deploy(ctx context.Context, e *conformance.Env) (*world, error) {
+func deploy(ctx context.Context, e *conformance.Env, s Schedule) (*world, error) {
 	core, err := workloads.DeployCore(ctx, e.World, e.Warm())
 	if err != nil {
 		return nil, err
@@ -135,6 +151,11 @@ func deploy(ctx context.Context, e *conformance.Env) (*world, error) {
 	for _, svc := range []workloads.Service{core.SvcLocal, core.SvcRemote} {
 		w.apps[svc.Name] = svc.Name // DeployCore selects app=<the Service's name>
 		w.own[svc.Name] = svc.Backends[0].Name()
+	}
+	if s.HasPolicies() {
+		if w.pol, err = deployPolicies(ctx, e); err != nil {
+			return nil, err
+		}
 	}
 	return w, nil
 }
@@ -170,15 +191,22 @@ func (w *world) validate(s Schedule, info driver.Info) error {
 			if _, ok := w.apps[a.Service]; a.Op == OpJoin && !ok {
 				bad("no Service %q (the Services are %s)", a.Service, strings.Join(Services, ", "))
 			}
+		case OpPolicy, OpPod:
+			if !policed(info) {
+				bad("%s does not claim the %s profile", info.Name, conformance.Policy)
+			}
+			if a.Op == OpPolicy && !slices.Contains(PolicyCases(), a.Case) {
+				bad("no policy case %q (the cases are POLICY-TRUTH-TABLE's)", a.Case)
+			}
 		default:
-			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, switch)", a.Op)
+			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, switch, policy, pod)", a.Op)
 		}
 	}
 	return errors.Join(errs...)
 }
 
 func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
-	w, err := deploy(ctx, e)
+	w, err := deploy(ctx, e, s)
 	if err != nil {
 		return err
 	}
@@ -223,6 +251,15 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 	)
 	if handover != nil {
 		sc.Checks = append(sc.Checks, handover.After())
+	}
+	if w.pol != nil {
+		tr, err := w.pol.traffic(e)
+		if err != nil {
+			return err
+		}
+		sc.Traffic = append(sc.Traffic, tr...)
+		pm := &policyModel{tl: e.World.Timeline().Transitions, budget: e.Budgets.PolicyProgrammed, timeout: e.Budgets.AttemptTimeout, p: w.pol}
+		sc.Checks = append(sc.Checks, conformance.Check{Name: "every new connection between the netpol pods is delivered or not as the policies in force say, within policy-programmed", Matcher: newPolicyAsModelled(pm)})
 	}
 	return e.Run(ctx, sc)
 }
@@ -287,6 +324,10 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 			return w.label(ctx, e, a.Backend, w.apps[a.Service])
 		case OpLeave:
 			return w.label(ctx, e, a.Backend, idleApp)
+		case OpPolicy:
+			return w.pol.put(ctx, e, a.Case)
+		case OpPod:
+			return w.pol.addPod(ctx, e, fmt.Sprintf("new-%d", i+1), w.nodes[0])
 		}
 		return fmt.Errorf("no step %q", a.Op)
 	}

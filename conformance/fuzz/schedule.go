@@ -1,8 +1,10 @@
 // Package fuzz composes the suite's transitions at random: a seeded generator draws a
-// schedule of steps (agent restarts, crashes and upgrades on either node, backends
-// labelled into and out of the Services) with random timing, overlaps included; a
-// round runs one schedule in a fresh world under continuous traffic, and its checks
-// judge the whole of it against a model of the API's state, not against a script.
+// schedule of steps (agent restarts, crashes, outages and upgrades on either node, a
+// switch from kube-proxy, backends labelled into and out of the Services, the truth
+// table's NetworkPolicies put in force, pods that appear under them) with random
+// timing, overlaps included; a round runs one schedule in a fresh world under
+// continuous traffic, and its checks judge the whole of it against a model of the
+// API's state, not against a script.
 // A failing schedule is shrunk (delta debugging over its steps, each candidate
 // replayed in a fresh world) to a minimal one, written as a replay file.
 package fuzz
@@ -11,6 +13,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -42,6 +45,13 @@ const (
 	// (conformance.Switch): a round with one starts with kube-proxy on that node,
 	// and it is the first step there.
 	OpSwitch Op = "switch"
+	// OpPolicy puts the NetworkPolicies of POLICY-TRUTH-TABLE's case Case in force
+	// in the netpol fixture (a round with one deploys it): the others deleted, those
+	// of the same name updated in place.
+	OpPolicy Op = "policy"
+	// OpPod adds a pod to the netpol fixture (x/new-N, N the step's number,
+	// labelled pod=b, on node 1), its connections open from its first packet.
+	OpPod Op = "pod"
 )
 
 // Offset is a time from a schedule's start, written as a duration ("1.25s").
@@ -77,6 +87,7 @@ type Action struct {
 	For     Offset `json:"for,omitempty"`     // OpOutage: how long the agent stays down
 	Backend string `json:"backend,omitempty"` // OpJoin, OpLeave: a spare backend
 	Service string `json:"service,omitempty"` // OpJoin
+	Case    string `json:"case,omitempty"`    // OpPolicy
 }
 
 // String is the action for people, e.g. "+1.250s crash node 1".
@@ -91,6 +102,10 @@ func (a Action) String() string {
 		return fmt.Sprintf("%s outage node %d for %s", at, a.Node, time.Duration(a.For))
 	case OpSwitch:
 		return fmt.Sprintf("%s switch node %d from kube-proxy", at, a.Node)
+	case OpPolicy:
+		return fmt.Sprintf("%s policies: %s", at, a.Case)
+	case OpPod:
+		return fmt.Sprintf("%s a pod appears", at)
 	}
 	return fmt.Sprintf("%s %s node %d", at, a.Op, a.Node)
 }
@@ -99,6 +114,9 @@ func (a Action) String() string {
 func (a Action) resource() string {
 	if a.Op == OpJoin || a.Op == OpLeave {
 		return "backend " + a.Backend
+	}
+	if a.Op == OpPolicy || a.Op == OpPod {
+		return "policies"
 	}
 	return fmt.Sprintf("node %d", a.Node)
 }
@@ -145,6 +163,11 @@ func (s Schedule) String() string {
 	return strings.Join(lines, "\n")
 }
 
+// HasPolicies reports whether the schedule puts NetworkPolicies in force.
+func (s Schedule) HasPolicies() bool {
+	return slices.ContainsFunc(s.Actions, func(a Action) bool { return a.Op == OpPolicy || a.Op == OpPod })
+}
+
 // Switched is the node (counted from 1) the schedule switches from kube-proxy, or 0.
 func (s Schedule) Switched() int {
 	for _, a := range s.Actions {
@@ -164,14 +187,16 @@ func (s Schedule) Span() time.Duration {
 }
 
 // Claims are what a schedule may draw on: the implementation's nodes, spare
-// backends and Services, whether it offers versions to upgrade between, and whether
-// it takes a node over from kube-proxy.
+// backends and Services, whether it offers versions to upgrade between and takes a
+// node over from kube-proxy, and the policy cases it may put in force (none where
+// NetworkPolicy is not claimed).
 type Claims struct {
 	Nodes    int
 	Spares   []string
 	Services []string
 	Upgrade  bool
 	Switch   bool
+	Policies []string
 }
 
 // Generate draws round's schedule of n steps from seed: the same seed, round and
@@ -190,6 +215,9 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 	ops := []Op{OpRestart, OpRestart, OpCrash, OpCrash, OpOutage, OpOutage, OpJoin, OpJoin, OpJoin}
 	if c.Upgrade {
 		ops = append(ops, OpUpgrade, OpUpgrade)
+	}
+	if len(c.Policies) > 0 {
+		ops = append(ops, OpPolicy, OpPolicy, OpPod)
 	}
 	if len(c.Spares) == 0 || len(c.Services) == 0 {
 		ops = slices.DeleteFunc(ops, func(o Op) bool { return o == OpJoin })
@@ -222,13 +250,22 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 			a.Node = 1 + rng.IntN(c.Nodes)
 			a.For = Offset(time.Duration(300+rng.IntN(2700)) * time.Millisecond)
 			// While node 1's agent, which programs every path, is down, a Service
-			// changes: it must have caught up when it is ready again.
+			// changes: it must have caught up when it is ready again. A member
+			// leaves if there is one (a backend gone is what a stale datapath
+			// shows), else a spare joins.
 			if a.Node == 1 && slices.Contains(ops, OpJoin) && len(s.Actions)+2 <= n {
 				inside = &Action{At: a.At + a.For/2}
-				membership(inside)
+				if members := slices.Sorted(maps.Keys(member)); len(members) > 0 {
+					inside.Op, inside.Backend = OpLeave, members[rng.IntN(len(members))]
+					delete(member, inside.Backend)
+				} else {
+					membership(inside)
+				}
 			}
 		case OpJoin:
 			membership(&a)
+		case OpPolicy:
+			a.Case = c.Policies[rng.IntN(len(c.Policies))]
 		}
 		s.Actions = append(s.Actions, a)
 		if inside != nil {

@@ -16,7 +16,7 @@ import (
 	"github.com/dpconform/dpconform/fv/timeline"
 )
 
-var claims = Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: true, Switch: true}
+var claims = Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: true, Switch: true, Policies: PolicyCases()}
 
 func TestGenerateIsSeeded(t *testing.T) {
 	g := NewWithT(t)
@@ -55,6 +55,8 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 				}) {
 					inside++
 				}
+			case OpPolicy:
+				g.Expect(PolicyCases()).To(ContainElement(a.Case))
 			case OpSwitch:
 				g.Expect(i).To(BeZero(), "a switch is the first step")
 				g.Expect(a.Node).To(Equal(1))
@@ -69,7 +71,7 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 			}
 		}
 	}
-	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave, OpSwitch} {
+	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave, OpSwitch, OpPolicy} {
 		g.Expect(ops).To(HaveKey(op), "20 rounds draw a %s", op)
 	}
 	g.Expect(overlaps).To(BeNumerically(">", 10), "steps due within 300 ms of the one before")
@@ -77,10 +79,10 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 	g.Expect(switched).To(BeNumerically("~", 5, 4), "about one round in four starts with a switch")
 
 	fewer := claims
-	fewer.Upgrade, fewer.Switch = false, false
+	fewer.Upgrade, fewer.Switch, fewer.Policies = false, false, nil
 	for round := 1; round <= 20; round++ {
 		for _, a := range Generate(1, round, fewer, 10, 15*time.Second).Actions {
-			g.Expect(a.Op).NotTo(BeElementOf(OpUpgrade, OpSwitch), "no upgrade where no versions are offered, no switch where none is claimed")
+			g.Expect(a.Op).NotTo(BeElementOf(OpUpgrade, OpSwitch, OpPolicy), "only the steps claimed")
 		}
 	}
 }

@@ -1,0 +1,518 @@
+package fuzz
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/conformance/specs"
+	"github.com/dpconform/dpconform/fv/harness"
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/monotime"
+	"github.com/dpconform/dpconform/fv/netpolmodel"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
+	"github.com/dpconform/dpconform/fv/workloads"
+	"github.com/dpconform/dpconform/topologies"
+)
+
+// EventPolicies: one NetworkPolicy of the round's is about to be written; its detail
+// is "3: delete x/allow-a", where 3 numbers the set of policies in force once the
+// write is done (policyModel's states).
+const EventPolicies = "fuzz-policies"
+
+// PolicyCases are the names of the cases an OpPolicy step puts in force:
+// POLICY-TRUTH-TABLE's, in its order.
+func PolicyCases() []string {
+	var names []string
+	for _, c := range specs.PolicyCases() {
+		names = append(names, c.Name)
+	}
+	return names
+}
+
+// policyPair is a pair of the netpol fixture's pods a round with policy steps probes
+// with new TCP connections: from, to and to's port. The pairs are those the truth
+// table's cases tell apart most (x/a is the pod most of them isolate): an ipBlock
+// and its except (y/b, z/c, y/c), a named port (81), egress by port (y/b's 80 and
+// 81), and pairs every deny case denies.
+type policyPair struct {
+	from, to string
+	port     int32
+	// born is the new pod (OpPod) the pair goes from or to, or empty.
+	born string
+}
+
+var policyPairs = []policyPair{
+	{from: "x/b", to: "x/a", port: 80}, {from: "x/b", to: "x/a", port: 81}, {from: "y/b", to: "x/a", port: 80}, {from: "z/c", to: "x/a", port: 80}, {from: "y/a", to: "x/a", port: 81},
+	{from: "x/a", to: "y/b", port: 80}, {from: "x/a", to: "y/b", port: 81}, {from: "x/a", to: "y/c", port: 80}, {from: "x/a", to: "z/a", port: 80},
+}
+
+// name is the pair's probe: "policy-xb-xa-80".
+func (p policyPair) name() string {
+	return fmt.Sprintf("policy-%s-%s-%d", strings.ReplaceAll(p.from, "/", ""), strings.ReplaceAll(p.to, "/", ""), p.port)
+}
+
+// newPodPairs are the pairs of a pod that appears (OpPod): x/new-N, labelled pod=b
+// as x/b, on node 1, whose connections open from its first packet (topologies'
+// OnWired, before the API knows its address), to x/a (which cases isolate and admit
+// pod b or namespace x to), y/b and z/c (egress cases), and into it from z/c and
+// y/a. "new" stands for the pod.
+var newPodPairs = []policyPair{
+	{from: "new", to: "x/a", port: 80}, {from: "new", to: "x/a", port: 81}, {from: "new", to: "y/b", port: 80}, {from: "new", to: "z/c", port: 80},
+	{from: "z/c", to: "new", port: 80}, {from: "y/a", to: "new", port: 80},
+}
+
+// policyInterval is the time between new connections of each policy pair: 100 a
+// second each, 900 in all, and 600 more for each pod that appears, beside the
+// service paths' 200. A window in which a datapath is open or closed when it should
+// not be (an agent's first round after its start, a new pod's wiring) is often tens
+// of milliseconds; one of a few hundred microseconds is the ORDER specs' to catch,
+// with their finer probes.
+const policyInterval = 10 * time.Millisecond
+
+// policies is a round's netpol fixture and the NetworkPolicies the round has put in
+// force: states[0] is none, and every write adds the set in force after it.
+type policies struct {
+	f       *workloads.Netpol
+	cluster netpolmodel.Cluster
+	cases   map[string]specs.PolicyCase
+
+	mu      sync.Mutex
+	inForce map[string]*networkingv1.NetworkPolicy // "ns/name" -> the policy
+	states  [][]networkingv1.NetworkPolicy
+	born    map[string]policyPair // the new pods' pairs, by probe
+}
+
+func deployPolicies(ctx context.Context, e *conformance.Env) (*policies, error) {
+	f, err := workloads.DeployNetpol(ctx, e.World)
+	if err != nil {
+		return nil, err
+	}
+	p := &policies{f: f, cases: map[string]specs.PolicyCase{}, inForce: map[string]*networkingv1.NetworkPolicy{}, states: [][]networkingv1.NetworkPolicy{nil}, born: map[string]policyPair{}}
+	p.cluster = workloads.NetpolCluster(p.ip)
+	for _, c := range specs.PolicyCases() {
+		p.cases[c.Name] = c
+	}
+	return p, nil
+}
+
+// addPod adds the new pod name (OpPod) on node, starting its server and its pairs'
+// probes as soon as it is wired.
+func (p *policies) addPod(ctx context.Context, e *conformance.Env, name string, node topologies.Node) error {
+	id := "x/" + name
+	spec := workloads.NetpolPodSpec("x", name, node.Name())
+	spec.Labels = map[string]string{workloads.PodLabel: "b"}
+	spec.OnWired = func(ctx context.Context, pod topologies.Pod) error {
+		p.mu.Lock()
+		ports := p.cluster.Pods[0].Ports
+		p.cluster.Pods = append(p.cluster.Pods, netpolmodel.Pod{Namespace: "x", Name: name, Labels: spec.Labels, IP: pod.IP(), Ports: ports})
+		p.mu.Unlock()
+		if _, err := e.World.StartProbe(ctx, pod, workloads.NetpolServe(id)); err != nil {
+			return fmt.Errorf("serve on %s: %w", id, err)
+		}
+		// Every pair's probe starts at once: one after another, the last would
+		// start tens of milliseconds after the first, past the window of a
+		// dataplane that programs the pod quickly (as ORDER-NEW-ENDPOINT-INGRESS
+		// starts its clients).
+		var g errgroup.Group
+		for _, pr := range newPodPairs {
+			pr.born = id
+			from, to := pod, pod
+			pr.from, pr.to = strings.Replace(pr.from, "new", id, 1), strings.Replace(pr.to, "new", id, 1)
+			if pr.from != id {
+				f, _ := p.pod(pr.from)
+				from = f.Pod
+			}
+			if pr.to != id {
+				t, _ := p.pod(pr.to)
+				to = t.Pod
+			}
+			p.mu.Lock()
+			p.born[pr.name()] = pr
+			p.mu.Unlock()
+			cfg := probe.Connect{Name: pr.name(), Target: netip.AddrPortFrom(to.IP(), uint16(pr.port)).String(),
+				Interval: policyInterval, Timeout: e.Budgets.AttemptTimeout}
+			g.Go(func() error {
+				if _, err := e.World.StartProbe(ctx, from, cfg); err != nil {
+					return fmt.Errorf("probe %s: %w", pr.name(), err)
+				}
+				return nil
+			})
+		}
+		return g.Wait()
+	}
+	return conformance.AddPod(spec, nil).Do(ctx, e)
+}
+
+func (p *policies) ip(id string) netip.Addr {
+	ns, name, _ := strings.Cut(id, "/")
+	if pod, ok := p.f.Pod(ns, name); ok {
+		return pod.Pod.IP()
+	}
+	return netip.Addr{}
+}
+
+// put makes the case's policies the ones in force, as the truth table does: those it
+// does not name are deleted, then the others created or updated in place, each write
+// recorded first with the set it makes.
+func (p *policies) put(ctx context.Context, e *conformance.Env, name string) error {
+	c, ok := p.cases[name]
+	if !ok {
+		return fmt.Errorf("no policy case %q", name)
+	}
+	want := c.Policies(p.ip)
+	keep := map[string]bool{}
+	for _, pol := range want {
+		keep[key(pol)] = true
+	}
+	for _, k := range slices.Sorted(maps.Keys(p.inForce)) {
+		if keep[k] {
+			continue
+		}
+		pol := p.inForce[k]
+		p.write(e, "delete "+k, func(m map[string]*networkingv1.NetworkPolicy) { delete(m, k) })
+		if err := conformance.Delete(pol).Do(ctx, e); err != nil {
+			return err
+		}
+	}
+	for _, pol := range want {
+		verb := "create "
+		if _, ok := p.inForce[key(pol)]; ok {
+			verb = "update "
+		}
+		p.write(e, verb+key(pol), func(m map[string]*networkingv1.NetworkPolicy) { m[key(pol)] = pol.DeepCopy() })
+		if err := conformance.Apply(pol).Do(ctx, e); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// write changes the policies in force with change and records the new set's number.
+func (p *policies) write(e *conformance.Env, what string, change func(map[string]*networkingv1.NetworkPolicy)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	change(p.inForce)
+	var set []networkingv1.NetworkPolicy
+	for _, k := range slices.Sorted(maps.Keys(p.inForce)) {
+		set = append(set, *p.inForce[k])
+	}
+	p.states = append(p.states, set)
+	e.Record(EventPolicies, fmt.Sprintf("%d: %s", len(p.states)-1, what))
+}
+
+func (p *policies) state(i int) []networkingv1.NetworkPolicy {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.states[i]
+}
+
+func key(pol *networkingv1.NetworkPolicy) string { return pol.Namespace + "/" + pol.Name }
+
+// traffic are the policy pairs' probes, each from its pod.
+func (p *policies) traffic(e *conformance.Env) ([]conformance.Traffic, error) {
+	var out []conformance.Traffic
+	for _, pr := range policyPairs {
+		from, ok := p.pod(pr.from)
+		to, ok2 := p.pod(pr.to)
+		if !ok || !ok2 {
+			return nil, fmt.Errorf("the netpol fixture has no pod %s or %s", pr.from, pr.to)
+		}
+		target := netip.AddrPortFrom(to.Pod.IP(), uint16(pr.port)).String()
+		out = append(out, conformance.Traffic{From: from.Pod, Probe: probe.Connect{Name: pr.name(), Target: target, Interval: policyInterval, Timeout: e.Budgets.AttemptTimeout}})
+	}
+	return out, nil
+}
+
+func (p *policies) pod(id string) (workloads.NetpolPod, bool) {
+	ns, name, _ := strings.Cut(id, "/")
+	return p.f.Pod(ns, name)
+}
+
+// policyModel says what the policies allowed a pair at a time, read from the
+// timeline's EventPolicies events: a write may take budget to be programmed, so
+// every set in force from budget before an attempt's start to its timeout after
+// counts; while an agent is down (stop-sent, kill-sent or kube-proxy-stop-sent to
+// ready), every set since budget before it went down.
+type policyModel struct {
+	tl      func() []timeline.Transition
+	budget  time.Duration
+	timeout time.Duration
+	p       *policies
+
+	once    sync.Once
+	changes []policyChange
+	downs   []span
+}
+
+type policyChange struct {
+	at    monotime.Time
+	state int
+}
+
+func (m *policyModel) build() {
+	down := map[string]monotime.Time{}
+	for _, tr := range m.tl() {
+		switch tr.Name {
+		case EventPolicies:
+			n, _, _ := strings.Cut(tr.Detail, ":")
+			if i, err := strconv.Atoi(n); err == nil {
+				m.changes = append(m.changes, policyChange{tr.Time, i})
+			}
+		case timeline.StopSent, timeline.KillSent, harness.KubeProxyStopSent:
+			if down[tr.Detail] == 0 {
+				down[tr.Detail] = tr.Time
+			}
+		case timeline.Ready:
+			if from := down[tr.Detail]; from != 0 {
+				m.downs = append(m.downs, span{from, tr.Time})
+				delete(down, tr.Detail)
+			}
+		}
+	}
+	for _, from := range down {
+		m.downs = append(m.downs, span{from: from})
+	}
+}
+
+// shownAfter is how many attempts in a row must go as a change of policies says
+// (delivered where it allows a pair the set before denied, not where it denies)
+// for the datapath to have shown the change on that pair.
+const shownAfter = 3
+
+// allowed is what the set of policies states[s] says of pr.
+func (m *policyModel) allowed(pr policyPair, s int) (bool, string) {
+	m.p.mu.Lock()
+	cluster := m.p.cluster
+	m.p.mu.Unlock()
+	src, _ := cluster.Pod(pr.from)
+	dst, _ := cluster.Pod(pr.to)
+	return cluster.Allowed(m.p.state(s), src, dst, netpolmodel.Port{Port: pr.port, Protocol: corev1.ProtocolTCP})
+}
+
+// shown is when the datapath showed each of the round's policy changes on pr: the
+// start of the shownAfter-th attempt in a row that went as the change says, all
+// made while it was the last; a change that says of pr what the one before said is
+// shown when that one was. Zero: never. attempts are pr's, in time order.
+func (m *policyModel) shown(pr policyPair, attempts []probe.Event) []monotime.Time {
+	m.once.Do(m.build)
+	out := make([]monotime.Time, len(m.changes))
+	prev, prevShown := 0, monotime.Time(1) // the round starts with none, as shown
+	for j, c := range m.changes {
+		was, _ := m.allowed(pr, prev)
+		now, _ := m.allowed(pr, c.state)
+		prev = c.state
+		if was == now {
+			out[j] = prevShown
+			continue
+		}
+		end := monotime.Time(0)
+		if j+1 < len(m.changes) {
+			end = m.changes[j+1].at
+		}
+		run := 0
+		for _, e := range attempts {
+			if e.Time < c.at || (end != 0 && e.Time.Add(m.timeout) >= end) {
+				continue
+			}
+			if (e.Outcome == probe.OK && e.Backend == pr.to) != now {
+				run = 0
+				continue
+			}
+			if run++; run == shownAfter {
+				out[j] = e.Time
+				break
+			}
+		}
+		prevShown = out[j]
+	}
+	return out
+}
+
+// verdicts are what the sets that count for an attempt of pr started at t say: all
+// allow, all deny, or both (then the attempt is not judged). Every set in force from
+// budget before t (from budget before an agent went down, while it is down) to the
+// attempt's timeout after counts, but none from before a change the datapath had
+// shown on pr by t (shown): a datapath that has shown a policy does not go back on
+// it, not even while its agent restarts.
+func (m *policyModel) verdicts(pr policyPair, t monotime.Time, shown []monotime.Time) (allow, deny bool, why string) {
+	m.once.Do(m.build)
+	lo, hi := t.Add(-m.budget), t.Add(m.timeout)
+	for _, d := range m.downs {
+		if t >= d.from && (d.to == 0 || t <= d.to) {
+			lo = min(lo, d.from.Add(-m.budget))
+		}
+	}
+	states := []int{0}
+	for j, c := range m.changes {
+		if c.at > hi {
+			break
+		}
+		if c.at <= lo || (shown[j] != 0 && shown[j] <= t) {
+			states = []int{c.state}
+			continue
+		}
+		states = append(states, c.state)
+	}
+	for _, s := range states {
+		ok, reason := m.allowed(pr, s)
+		if ok {
+			allow = true
+		} else {
+			deny = true
+		}
+		why = reason
+	}
+	return allow, deny, why
+}
+
+// policyAsModelled is the round's check that every new connection between the
+// policy pairs went as the model says: delivered (answered by its destination)
+// where every set of policies that counts allows it, not delivered where every one
+// denies it. A new pod's pairs are held to that from its first packet where they are
+// denied (a pod is never open before its policy is in place); where they are
+// allowed, once the pod is wired (its first connection delivered) for those from
+// it, as ORDER-NEW-ENDPOINT holds them, and policy-programmed after that for those
+// into it. A violation is of kind delivered, or of the failed attempt's kind.
+type policyAsModelled struct {
+	m     *policyModel
+	pairs map[string]policyPair
+
+	w      timeline.Window
+	res    matchers.Result
+	detail string
+}
+
+func newPolicyAsModelled(m *policyModel) *policyAsModelled {
+	pairs := map[string]policyPair{}
+	for _, pr := range policyPairs {
+		pairs[pr.name()] = pr
+	}
+	return &policyAsModelled{m: m, pairs: pairs}
+}
+
+// WithDefaults keeps the matcher as it is: its options are its own.
+func (c *policyAsModelled) WithDefaults(...matchers.Option) matchers.Matcher { return c }
+
+func (c *policyAsModelled) Result() matchers.Result { return c.res }
+
+type policyWrong struct {
+	e    probe.Event
+	kind matchers.Kind
+	why  string
+}
+
+func (c *policyAsModelled) Match(actual any) (bool, error) {
+	w, ok := actual.(timeline.Window)
+	if !ok {
+		return false, fmt.Errorf("fuzz: expected a timeline.Window, got %T", actual)
+	}
+	c.w = w
+	pairs := maps.Clone(c.pairs)
+	c.m.p.mu.Lock()
+	maps.Copy(pairs, c.m.p.born)
+	c.m.p.mu.Unlock()
+	wired := map[string]monotime.Time{} // a new pod's first delivery
+	for _, e := range w.Inside() {
+		if pr, ok := pairs[e.Probe]; ok && e.Kind == probe.KindAttempt && pr.born != "" && pr.from == pr.born && e.Outcome == probe.OK && e.Backend == pr.to {
+			if t, ok := wired[pr.born]; !ok || e.Time < t {
+				wired[pr.born] = e.Time
+			}
+		}
+	}
+	byProbe := map[string][]probe.Event{}
+	for _, e := range w.Inside() {
+		if _, ok := pairs[e.Probe]; ok && e.Kind == probe.KindAttempt {
+			byProbe[e.Probe] = append(byProbe[e.Probe], e)
+		}
+	}
+	shown := map[string][]monotime.Time{}
+	for name, es := range byProbe {
+		shown[name] = c.m.shown(pairs[name], es)
+	}
+	var wrong []policyWrong
+	judged, seen := 0, map[string]int{}
+	for _, e := range w.Inside() {
+		pr, ok := pairs[e.Probe]
+		if e.Kind != probe.KindAttempt || !ok {
+			continue
+		}
+		seen[e.Probe]++
+		allow, deny, why := c.m.verdicts(pr, e.Time, shown[e.Probe])
+		delivered := e.Outcome == probe.OK && e.Backend == pr.to
+		if pr.born != "" && allow && !deny {
+			from, ok := wired[pr.born]
+			if pr.to == pr.born {
+				from = from.Add(c.m.budget)
+			}
+			if !ok || e.Time < from {
+				continue
+			}
+		}
+		switch {
+		case allow && deny:
+			continue
+		case allow && !delivered:
+			kind := matchers.AttemptKind(e, []string{pr.to})
+			wrong = append(wrong, policyWrong{e, kind, "allowed (" + why + ") but not delivered"})
+		case deny && delivered:
+			wrong = append(wrong, policyWrong{e, matchers.KindDelivered, "denied (" + why + ") but delivered"})
+		}
+		judged++
+	}
+	zero := 0.0
+	c.res = matchers.Result{Verdict: matchers.Pass, Figures: []matchers.Figure{{Name: "unmodelled_policy_outcomes", Value: float64(len(wrong)), Unit: "attempts", Of: judged, Budget: &zero,
+		Text: fmt.Sprintf("%d of %d judged attempts between the netpol pods not as the policies in force say (budget 0)", len(wrong), judged)}}}
+	c.detail = ""
+	for _, name := range slices.Sorted(maps.Keys(c.pairs)) {
+		if seen[name] == 0 {
+			c.res.Verdict, c.res.First = matchers.Instrument, "probe "+name+" made no attempt in the window"
+			return false, fmt.Errorf("%w: %s: the round cannot judge its pair", matchers.ErrInstrument, c.res.First)
+		}
+	}
+	if len(wrong) == 0 {
+		return true, nil
+	}
+	first := wrong[0]
+	c.res.Verdict, c.res.Kind, c.res.At = matchers.Violation, first.kind, first.e.Time
+	c.res.First = fmt.Sprintf("probe %s, started %s: attempt #%d to %s was %s", first.e.Probe, w.Relative(first.e.Time), first.e.Seq, first.e.Target, first.why)
+	for _, x := range wrong[:min(len(wrong), matchers.MaxMarks)] {
+		c.res.Marks = append(c.res.Marks, matchers.Mark{Probe: x.e.Probe, Time: x.e.Time, Kind: x.kind})
+	}
+	c.res.MarksTotal = len(wrong)
+	var b strings.Builder
+	b.WriteString("Timeline around it:\n")
+	b.WriteString(w.Excerpt(first.e.Time, matchers.DefaultContext, matchers.DefaultContext, func(e probe.Event) bool {
+		return e.Kind == probe.KindAttempt && e.Probe == first.e.Probe
+	}))
+	b.WriteString("Attempts not as modelled:\n")
+	for _, x := range wrong[:min(len(wrong), 20)] {
+		fmt.Fprintf(&b, "  %s #%d started %s: %s (%s)\n", x.e.Probe, x.e.Seq, w.Relative(x.e.Time), x.why, x.kind)
+	}
+	if len(wrong) > 20 {
+		fmt.Fprintf(&b, "  ... and %d more\n", len(wrong)-20)
+	}
+	c.detail = b.String()
+	return false, nil
+}
+
+func (c *policyAsModelled) FailureMessage(any) string {
+	return fmt.Sprintf("Expected every attempt between the netpol pods as the policies in force say in the %s, but:\n  ✗ %s\nFirst violation: %s\n%s",
+		c.w, c.res.Figures[0].Text, c.res.First, c.detail)
+}
+
+func (c *policyAsModelled) NegatedFailureMessage(any) string {
+	return fmt.Sprintf("Expected an attempt between the netpol pods not as modelled in the %s, but:\n  %s\n", c.w, c.res.Figures[0].Text)
+}

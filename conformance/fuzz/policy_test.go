@@ -1,0 +1,147 @@
+package fuzz
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/dpconform/dpconform/conformance/specs"
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/netpolmodel"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
+	"github.com/dpconform/dpconform/fv/workloads"
+)
+
+// fakePolicies is the netpol fixture at made-up addresses, with the sets of
+// policies in force that cases put, in order (states[0] is none).
+func fakePolicies(t *testing.T, cases ...string) *policies {
+	ips := map[string]netip.Addr{}
+	n := byte(1)
+	for _, ns := range workloads.NetpolNamespaces {
+		for _, name := range workloads.NetpolPods {
+			ips[ns+"/"+name] = netip.AddrFrom4([4]byte{10, 0, 0, n})
+			n++
+		}
+	}
+	ip := func(id string) netip.Addr { return ips[id] }
+	p := &policies{cluster: workloads.NetpolCluster(ip), states: [][]networkingv1.NetworkPolicy{nil}}
+	all := specs.PolicyCases()
+	for _, name := range cases {
+		i := slices.IndexFunc(all, func(c specs.PolicyCase) bool { return c.Name == name })
+		if i < 0 {
+			t.Fatalf("no policy case %q", name)
+		}
+		var set []networkingv1.NetworkPolicy
+		for _, pol := range all[i].Policies(ip) {
+			set = append(set, *pol)
+		}
+		p.states = append(p.states, set)
+	}
+	return p
+}
+
+// policedWindow is a window from 0 to 4 s of attempts every 10 ms from x/b to x/a's port
+// 80, delivered while deliver says; x's ingress is denied (state 1) at 1 s and
+// open again (state 2) at 2.4 s, while node-a's agent is down from 2 s to ready at
+// 2.5 s.
+func policedWindow(deliver func(ms int) bool) (*timeline.Timeline, timeline.Window) {
+	tl := timeline.New()
+	tl.RecordAt(at(1000), EventPolicies, "1: create x/deny-ingress")
+	tl.RecordAt(at(2000), timeline.StopSent, "node-a")
+	tl.RecordAt(at(2400), EventPolicies, "2: delete x/deny-ingress")
+	tl.RecordAt(at(2500), timeline.Ready, "node-a")
+	pr := policyPairs[0]
+	tl.Add(probe.Event{Time: at(0), Kind: probe.KindReady, Probe: pr.name(), Role: probe.RoleConnect})
+	seq := uint64(0)
+	for ms := 0; ms < 4000; ms += 10 {
+		seq++
+		e := probe.Event{Time: at(ms), Kind: probe.KindAttempt, Probe: pr.name(), Seq: seq, Outcome: probe.Timeout, Target: "10.0.0.1:80"}
+		if deliver(ms) {
+			e.Outcome, e.Backend = probe.OK, pr.to
+		}
+		tl.Add(e)
+	}
+	return tl, tl.Window(at(0), at(4000))
+}
+
+func TestPolicyAsModelled(t *testing.T) {
+	g := NewWithT(t)
+	p := fakePolicies(t, "deny all ingress in x", "no policies: everything reaches everything again")
+	for _, c := range []struct {
+		what    string
+		deliver func(ms int) bool
+		kind    matchers.Kind
+	}{
+		// Denied from 1 s, within 500 ms; open again at 2.4 s, and the agent ready at 2.5 s.
+		{"as modelled", func(ms int) bool { return ms < 1300 || ms >= 2500 }, ""},
+		{"delivered past the budget", func(ms int) bool { return ms < 1600 || ms >= 2500 }, matchers.KindDelivered},
+		{"delivered while the agent is down, once the opening counts", func(ms int) bool { return ms < 1300 || ms >= 2250 }, ""},
+		// The deny was shown at 1.32 s: while the agent is down it may not take it back.
+		{"delivered while the agent is down, the deny shown", func(ms int) bool { return ms < 1300 || ms >= 2500 || (ms >= 2050 && ms < 2100) }, matchers.KindDelivered},
+		{"lost before the change", func(ms int) bool { return ms != 500 && (ms < 1300 || ms >= 2500) }, matchers.KindTimeout},
+		{"not open past the budget", func(ms int) bool { return ms < 1300 || ms >= 3100 }, matchers.KindTimeout},
+	} {
+		tl, w := policedWindow(c.deliver)
+		m := &policyModel{tl: tl.Transitions, budget: 500 * time.Millisecond, timeout: 200 * time.Millisecond, p: p}
+		chk := newPolicyAsModelled(m)
+		chk.pairs = map[string]policyPair{policyPairs[0].name(): policyPairs[0]} // the one pair probed
+		ok, err := chk.Match(w)
+		g.Expect(err).NotTo(HaveOccurred(), c.what)
+		if c.kind == "" {
+			g.Expect(ok).To(BeTrue(), "%s: %s", c.what, chk.FailureMessage(nil))
+			continue
+		}
+		g.Expect(ok).To(BeFalse(), c.what)
+		g.Expect(chk.Result().Kind).To(Equal(c.kind), c.what)
+		t.Logf("%s:\n%s", c.what, chk.FailureMessage(nil))
+	}
+
+	// A pair without a single attempt is a blind instrument, not a pass.
+	tl, w := policedWindow(func(ms int) bool { return ms < 1300 || ms >= 2500 })
+	chk := newPolicyAsModelled(&policyModel{tl: tl.Transitions, budget: 500 * time.Millisecond, p: p})
+	_, err := chk.Match(w)
+	g.Expect(err).To(MatchError(matchers.ErrInstrument))
+	g.Expect(chk.Result().Verdict).To(Equal(matchers.Instrument))
+}
+
+// A new pod's allowed pairs are held once it is wired (its first delivery), its
+// denied ones from its first packet.
+func TestPolicyAsModelledNewPod(t *testing.T) {
+	for _, c := range []struct {
+		what, policy string
+		deliver      func(ms int) bool
+		kind         matchers.Kind
+	}{
+		{"admitted, lost before it is wired", "allow ingress to x/a from pod b of its own namespace", func(ms int) bool { return ms >= 50 }, ""},
+		{"admitted, lost once wired", "allow ingress to x/a from pod b of its own namespace", func(ms int) bool { return ms >= 50 && ms != 300 }, matchers.KindTimeout},
+		{"denied, not delivered", "deny all ingress in x", func(int) bool { return false }, ""},
+		{"denied, delivered at its first packet", "deny all ingress in x", func(ms int) bool { return ms == 0 }, matchers.KindDelivered},
+	} {
+		g := NewWithT(t)
+		p := fakePolicies(t, c.policy)
+		p.cluster.Pods = append(p.cluster.Pods, netpolmodel.Pod{Namespace: "x", Name: "new-3", Labels: map[string]string{workloads.PodLabel: "b"},
+			IP: netip.MustParseAddr("10.0.1.1"), Ports: p.cluster.Pods[0].Ports})
+		pr := policyPair{from: "x/new-3", to: "x/a", port: 80, born: "x/new-3"}
+		p.born = map[string]policyPair{pr.name(): pr}
+		tl := timeline.New()
+		tl.RecordAt(at(-10000), EventPolicies, "1: create")
+		for ms, seq := 0, uint64(1); ms < 500; ms, seq = ms+2, seq+1 {
+			e := probe.Event{Time: at(ms), Kind: probe.KindAttempt, Probe: pr.name(), Seq: seq, Outcome: probe.Timeout}
+			if c.deliver(ms) {
+				e.Outcome, e.Backend = probe.OK, pr.to
+			}
+			tl.Add(e)
+		}
+		chk := newPolicyAsModelled(&policyModel{tl: tl.Transitions, budget: time.Second, timeout: 200 * time.Millisecond, p: p})
+		chk.pairs = map[string]policyPair{}
+		ok, err := chk.Match(tl.Window(at(-1000), at(1000)))
+		g.Expect(err).NotTo(HaveOccurred(), c.what)
+		g.Expect(ok).To(Equal(c.kind == ""), "%s: %s", c.what, chk.FailureMessage(nil))
+		g.Expect(chk.Result().Kind).To(Equal(c.kind), c.what)
+	}
+}
