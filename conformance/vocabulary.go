@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -66,14 +67,19 @@ func awaitEndpoints(svc, how string, listed bool, pods []string) Step {
 }
 
 // Relabel records event, then replaces pod p's labels in the API, as a user who takes
-// a pod out of a Service (or puts it in) does.
+// a pod out of a Service (or puts it in) does. The event's detail is the pod's name
+// and the labels it sets: "spare-a app=web-local".
 func Relabel(p topologies.Pod, labels map[string]string, event string) Step {
 	return Do(fmt.Sprintf("relabel %s to %v", p.Name(), labels), func(ctx context.Context, e *Env) error {
 		patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": labels}})
 		if err != nil {
 			return err
 		}
-		e.Record(event, p.Name())
+		detail := []string{p.Name()}
+		for _, k := range slices.Sorted(maps.Keys(labels)) {
+			detail = append(detail, k+"="+labels[k])
+		}
+		e.Record(event, strings.Join(detail, " "))
 		// A merge patch replaces the values of the keys it names: the selector's key.
 		if _, err := e.Topo.Kube().CoreV1().Pods(p.Namespace()).Patch(ctx, p.Name(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 			return fmt.Errorf("relabel pod %s/%s: %w", p.Namespace(), p.Name(), err)

@@ -17,7 +17,6 @@ import (
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/conformance/specs"
-	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/netpolmodel"
@@ -263,27 +262,16 @@ type policyChange struct {
 }
 
 func (m *policyModel) build() {
-	down := map[string]monotime.Time{}
-	for _, tr := range m.tl() {
-		switch tr.Name {
-		case EventPolicies:
-			n, _, _ := strings.Cut(tr.Detail, ":")
-			if i, err := strconv.Atoi(n); err == nil {
-				m.changes = append(m.changes, policyChange{tr.Time, i})
-			}
-		case timeline.StopSent, timeline.KillSent, harness.KubeProxyStopSent:
-			if down[tr.Detail] == 0 {
-				down[tr.Detail] = tr.Time
-			}
-		case timeline.Ready:
-			if from := down[tr.Detail]; from != 0 {
-				m.downs = append(m.downs, span{from, tr.Time})
-				delete(down, tr.Detail)
-			}
+	trs := m.tl()
+	m.downs = downs(trs, "")
+	for _, tr := range trs {
+		if tr.Name != EventPolicies {
+			continue
 		}
-	}
-	for _, from := range down {
-		m.downs = append(m.downs, span{from: from})
+		n, _, _ := strings.Cut(tr.Detail, ":")
+		if i, err := strconv.Atoi(n); err == nil {
+			m.changes = append(m.changes, policyChange{tr.Time, i})
+		}
 	}
 }
 

@@ -2,16 +2,13 @@ package fuzz
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"time"
-
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/driver"
@@ -28,8 +25,9 @@ import (
 const (
 	// EventStep: a schedule's step starts; its detail is "3: +1.250s crash node 1".
 	EventStep = "fuzz-step"
-	// EventLabelled: a spare backend's app label is about to change; its detail is
-	// "spare-a app=web-local". The model of the Services is built from these.
+	// EventLabelled: a spare backend's app label is about to change
+	// (conformance.Relabel); its detail is "spare-a app=web-local". The model of the
+	// Services is built from these.
 	EventLabelled = "backend-labelled"
 )
 
@@ -373,16 +371,7 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 
 // label sets a spare backend's app label, recording the change first.
 func (w *world) label(ctx context.Context, e *conformance.Env, backend, app string) error {
-	p := w.spares[backend]
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{"app": app}}})
-	if err != nil {
-		return err
-	}
-	e.Record(EventLabelled, backend+" app="+app)
-	if _, err := e.Topo.Kube().CoreV1().Pods(p.Namespace()).Patch(ctx, p.Name(), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return fmt.Errorf("label pod %s/%s app=%s: %w", p.Namespace(), p.Name(), app, err)
-	}
-	return nil
+	return conformance.Relabel(w.spares[backend], map[string]string{"app": app}, EventLabelled).Do(ctx, e)
 }
 
 // model is the Services' ready endpoints as the round changed them, read from the
@@ -441,15 +430,9 @@ func (m *model) allowed(probe string, t monotime.Time, slack time.Duration) []st
 
 func (m *model) build() {
 	m.changes = map[string][]change{}
-	down := monotime.Time(0)
-	for _, tr := range m.tl() {
-		switch {
-		case (tr.Name == timeline.StopSent || tr.Name == timeline.KillSent || tr.Name == harness.KubeProxyStopSent) && tr.Detail == m.pathNode && down == 0:
-			down = tr.Time
-		case tr.Name == timeline.Ready && tr.Detail == m.pathNode && down != 0:
-			m.downs = append(m.downs, span{down, tr.Time})
-			down = 0
-		}
+	trs := m.tl()
+	m.downs = downs(trs, m.pathNode)
+	for _, tr := range trs {
 		if tr.Name != EventLabelled {
 			continue
 		}
@@ -459,9 +442,34 @@ func (m *model) build() {
 		}
 		m.changes[backend] = append(m.changes[backend], change{tr.Time, app})
 	}
-	if down != 0 {
-		m.downs = append(m.downs, span{from: down}) // not ready again by the end
+}
+
+// downs are the times the agent of node (of any node, if empty) was down: from its
+// stop, kill, or kube-proxy's stop in a switch, to its ready (zero: not ready again
+// by the end).
+func downs(trs []timeline.Transition, node string) []span {
+	var out []span
+	down := map[string]monotime.Time{}
+	for _, tr := range trs {
+		if node != "" && tr.Detail != node {
+			continue
+		}
+		switch tr.Name {
+		case timeline.StopSent, timeline.KillSent, harness.KubeProxyStopSent:
+			if down[tr.Detail] == 0 {
+				down[tr.Detail] = tr.Time
+			}
+		case timeline.Ready:
+			if from := down[tr.Detail]; from != 0 {
+				out = append(out, span{from, tr.Time})
+				delete(down, tr.Detail)
+			}
+		}
 	}
+	for _, n := range slices.Sorted(maps.Keys(down)) {
+		out = append(out, span{from: down[n]})
+	}
+	return out
 }
 
 // inDuring reports whether spare's app label was app at some moment in [lo, hi]: at
