@@ -18,8 +18,6 @@ import (
 	"github.com/dpconform/dpconform/conformance/fuzz"
 	"github.com/dpconform/dpconform/conformance/record"
 	"github.com/dpconform/dpconform/driver"
-	"github.com/dpconform/dpconform/fv/probe"
-	"github.com/dpconform/dpconform/topologies/netns"
 )
 
 // The files a fuzz run writes into its output directory, besides the reports.
@@ -46,8 +44,14 @@ func fuzzCmd(args []string) error {
 	output := fs.String("output", filepath.Join("_output", "fuzz"), "directory for fuzz.yaml, replay.yaml, report.yaml, report.html and the rounds' data")
 	verbose := fs.Bool("v", false, "also print what each round does in detail")
 	quiet := fs.Bool("quiet", false, "for CI logs: a line per round, no phases")
-	budgets := conformance.DefaultBudgets
-	fs.Func("budget", "override a budget, name=value (repeatable; budgets: "+strings.Join(conformance.BudgetNames(), ", ")+")", budgets.Set)
+	// The budgets are set once the replay file, if any, is read: its own first (a
+	// schedule failed with them), then these.
+	var budgetFlags []string
+	fs.Func("budget", "override a budget, name=value (repeatable; budgets: "+strings.Join(conformance.BudgetNames(), ", ")+"); a replay file's own come first", func(v string) error {
+		check := conformance.DefaultBudgets
+		budgetFlags = append(budgetFlags, v)
+		return check.Set(v)
+	})
 	fs.Parse(args)
 	if *drv == "" {
 		return errors.New("--driver is required: the path of your implementation's driver executable (see docs/driver.md)")
@@ -66,33 +70,26 @@ func fuzzCmd(args []string) error {
 		}
 		rf = &f
 	}
+	budgets, err := fuzzBudgets(rf, *replay, budgetFlags)
+	if err != nil {
+		return err
+	}
 	if *seed == 0 {
 		*seed = uint64(time.Now().UnixNano())
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	d, err := driver.NewExec(*drv, driver.TimeoutsFor("netns"), append(env, "DPC_TOPOLOGY=netns")...)
-	if err != nil {
-		return err
-	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	pool := netns.NewControlPlanes("", nil)
-	defer pool.Close()
 	// A replay file left by an earlier run must not pass for this run's finding; the
 	// rest of the directory is overwritten (or is the user's: --output may be any).
 	if err := os.Remove(filepath.Join(*output, replayFile)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
 	}
-	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets, ControlPlanes: pool}
-	prog := newProgress(*quiet)
-	defer prog.Close()
-	cfg.Progress = prog.Update
-	if *verbose {
-		cfg.Logf = prog.Logf
+	setup, err := newRunnerSetup("netns", *drv, env, *output, budgets, *quiet, *verbose)
+	if err != nil {
+		return err
 	}
+	defer setup.Close()
+	cfg, prog := setup.cfg, setup.prog
 	r, err := conformance.NewRunner(ctx, cfg)
 	if err != nil {
 		return fmt.Errorf("ask the driver for info: %w", err)
@@ -120,6 +117,25 @@ func fuzzCmd(args []string) error {
 	}
 	prog.Logf("no violation in %d rounds (%s) of seed %d", len(run.Rounds), run.Duration, run.Seed)
 	return nil
+}
+
+// fuzzBudgets are the default budgets with a replay file's overrides (the ones its
+// schedule failed with), if any, then the command line's.
+func fuzzBudgets(rf *fuzz.ReplayFile, path string, flags []string) (conformance.Budgets, error) {
+	b := conformance.DefaultBudgets
+	if rf != nil {
+		for _, v := range rf.Budgets {
+			if err := b.Set(v); err != nil {
+				return b, fmt.Errorf("replay file %s: budget %q: %w", path, v, err)
+			}
+		}
+	}
+	for _, v := range flags {
+		if err := b.Set(v); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 // replayCmd runs a replay file's schedule once and reports it.

@@ -83,28 +83,15 @@ func run(args []string) error {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	// Every call, info too, is told the topology: a driver may offer different things
-	// on each (docs/driver.md). A node's own environment says it again.
-	d, err := driver.NewExec(*drv, driver.TimeoutsFor(*topology), append(env, "DPC_TOPOLOGY="+*topology)...)
+	setup, err := newRunnerSetup(*topology, *drv, env, *output, budgets, *quiet, *verbose)
 	if err != nil {
 		return err
 	}
-	self, err := os.Executable()
-	if err != nil {
-		return err
-	}
-	// One control plane serves the runs one after another, reset between them.
-	pool := netns.NewControlPlanes("", nil)
-	defer pool.Close()
-	cfg := conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: *output, Budgets: budgets, Repeat: *repeat, ControlPlanes: pool, ClockSkew: *clockSkew}
+	defer setup.Close()
+	cfg, self, prog := setup.cfg, setup.self, setup.prog
+	cfg.Repeat, cfg.ClockSkew = *repeat, *clockSkew
 	if cfg.Profiles, err = conformance.ParseProfiles(*profiles); err != nil {
 		return fmt.Errorf("--profiles: %w", err)
-	}
-	prog := newProgress(*quiet)
-	defer prog.Close()
-	cfg.Progress = prog.Update
-	if *verbose {
-		cfg.Logf = prog.Logf
 	}
 	var kt *kindTopologies
 	if *topology == "kind" {
@@ -213,6 +200,40 @@ func (k *kindTopologies) then(ctx context.Context, command string) error {
 // newProgress prints progress to stderr: a live line on a terminal, a line per phase
 // otherwise, a line per result with --quiet; colours only on a terminal that takes
 // them (NO_COLOR unset, TERM not dumb).
+// runnerSetup is what `run` and `fuzz` configure alike: the driver, told the
+// topology on every call (info too: a driver may offer different things on each,
+// docs/driver.md; a node's own environment says it again), this binary as the
+// probe, one control plane serving the runs one after another (reset between
+// them), and the progress display. Close closes the pool and the display.
+type runnerSetup struct {
+	cfg  conformance.Config
+	self string
+	prog *ProgressPrinter
+	pool *netns.ControlPlanes
+}
+
+func newRunnerSetup(topology, drv string, env []string, output string, budgets conformance.Budgets, quiet, verbose bool) (*runnerSetup, error) {
+	d, err := driver.NewExec(drv, driver.TimeoutsFor(topology), append(env, "DPC_TOPOLOGY="+topology)...)
+	if err != nil {
+		return nil, err
+	}
+	self, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
+	s := &runnerSetup{self: self, prog: newProgress(quiet), pool: netns.NewControlPlanes("", nil)}
+	s.cfg = conformance.Config{Driver: d, Probe: probe.Binary(self), OutputDir: output, Budgets: budgets, ControlPlanes: s.pool, Progress: s.prog.Update}
+	if verbose {
+		s.cfg.Logf = s.prog.Logf
+	}
+	return s, nil
+}
+
+func (s *runnerSetup) Close() {
+	s.prog.Close()
+	s.pool.Close()
+}
+
 func newProgress(quiet bool) *ProgressPrinter {
 	fd := int(os.Stderr.Fd())
 	tty := term.IsTerminal(fd)
