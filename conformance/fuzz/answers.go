@@ -25,21 +25,48 @@ type backendModel func(probe string, t monotime.Time, slack time.Duration) []str
 type answersAsModelled struct {
 	model  backendModel
 	probes []string
+	modelReport
+}
+
+func newAnswersAsModelled(model backendModel, probes ...string) *answersAsModelled {
+	return &answersAsModelled{model: model, probes: probes, modelReport: modelReport{
+		expected: "every answer from a backend the model allowed", negated: "an answer from a backend the model did not allow"}}
+}
+
+// modelReport is what the model's checks report alike: the window they judged,
+// their result, and the failure's detail, in the matchers' wording.
+type modelReport struct {
+	expected, negated string // "every answer from ..."
 
 	w      timeline.Window
 	res    matchers.Result
 	detail string
 }
 
-func newAnswersAsModelled(model backendModel, probes ...string) *answersAsModelled {
-	return &answersAsModelled{model: model, probes: probes}
+func (r *modelReport) Result() matchers.Result { return r.res }
+
+func (r *modelReport) FailureMessage(any) string {
+	return fmt.Sprintf("Expected %s in the %s, but:\n  ✗ %s\nFirst violation: %s\n%s", r.expected, r.w, r.res.Figures[0].Text, r.res.First, r.detail)
+}
+
+func (r *modelReport) NegatedFailureMessage(any) string {
+	return fmt.Sprintf("Expected %s in the %s, but:\n  %s\n", r.negated, r.w, r.res.Figures[0].Text)
+}
+
+// list writes title and the first 20 of n lines, then how many more there are.
+func list(b *strings.Builder, title string, n int, line func(i int) string) {
+	b.WriteString(title + "\n")
+	for i := range min(n, 20) {
+		b.WriteString("  " + line(i) + "\n")
+	}
+	if n > 20 {
+		fmt.Fprintf(b, "  ... and %d more\n", n-20)
+	}
 }
 
 // WithDefaults keeps the matcher as it is: its options are its own (a round's
 // hosts share the suite's clock, so it allows no slack).
 func (m *answersAsModelled) WithDefaults(...matchers.Option) matchers.Matcher { return m }
-
-func (m *answersAsModelled) Result() matchers.Result { return m.res }
 
 func (m *answersAsModelled) Match(actual any) (bool, error) {
 	w, ok := actual.(timeline.Window)
@@ -83,22 +110,10 @@ func (m *answersAsModelled) Match(actual any) (bool, error) {
 	b.WriteString(w.Excerpt(first.Time, matchers.DefaultContext, matchers.DefaultContext, func(e probe.Event) bool {
 		return e.Kind == probe.KindAttempt && e.Probe == first.Probe && e.Backend == first.Backend
 	}))
-	b.WriteString("Answers the model did not allow:\n")
-	for _, e := range wrong[:min(len(wrong), 20)] {
-		fmt.Fprintf(&b, "  %s #%d answered by %s, started %s\n", e.Probe, e.Seq, e.Backend, w.Relative(e.Time))
-	}
-	if len(wrong) > 20 {
-		fmt.Fprintf(&b, "  ... and %d more\n", len(wrong)-20)
-	}
+	list(&b, "Answers the model did not allow:", len(wrong), func(i int) string {
+		e := wrong[i]
+		return fmt.Sprintf("%s #%d answered by %s, started %s", e.Probe, e.Seq, e.Backend, w.Relative(e.Time))
+	})
 	m.detail = b.String()
 	return false, nil
-}
-
-func (m *answersAsModelled) FailureMessage(any) string {
-	return fmt.Sprintf("Expected every answer from a backend the model allowed in the %s, but:\n  ✗ %s\nFirst violation: %s\n%s",
-		m.w, m.res.Figures[0].Text, m.res.First, m.detail)
-}
-
-func (m *answersAsModelled) NegatedFailureMessage(any) string {
-	return fmt.Sprintf("Expected an answer from a backend the model did not allow in the %s, but:\n  %s\n", m.w, m.res.Figures[0].Text)
 }

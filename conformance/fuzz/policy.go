@@ -377,10 +377,7 @@ func (m *policyModel) verdicts(pr policyPair, t monotime.Time, shown []monotime.
 type policyAsModelled struct {
 	m     *policyModel
 	pairs map[string]policyPair
-
-	w      timeline.Window
-	res    matchers.Result
-	detail string
+	modelReport
 }
 
 func newPolicyAsModelled(m *policyModel) *policyAsModelled {
@@ -388,13 +385,12 @@ func newPolicyAsModelled(m *policyModel) *policyAsModelled {
 	for _, pr := range policyPairs {
 		pairs[pr.name()] = pr
 	}
-	return &policyAsModelled{m: m, pairs: pairs}
+	return &policyAsModelled{m: m, pairs: pairs, modelReport: modelReport{
+		expected: "every attempt between the netpol pods as the policies in force say", negated: "an attempt between the netpol pods not as modelled"}}
 }
 
 // WithDefaults keeps the matcher as it is: its options are its own.
 func (c *policyAsModelled) WithDefaults(...matchers.Option) matchers.Matcher { return c }
-
-func (c *policyAsModelled) Result() matchers.Result { return c.res }
 
 type policyWrong struct {
 	e    probe.Event
@@ -485,22 +481,10 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 	b.WriteString(w.Excerpt(first.e.Time, matchers.DefaultContext, matchers.DefaultContext, func(e probe.Event) bool {
 		return e.Kind == probe.KindAttempt && e.Probe == first.e.Probe
 	}))
-	b.WriteString("Attempts not as modelled:\n")
-	for _, x := range wrong[:min(len(wrong), 20)] {
-		fmt.Fprintf(&b, "  %s #%d started %s: %s (%s)\n", x.e.Probe, x.e.Seq, w.Relative(x.e.Time), x.why, x.kind)
-	}
-	if len(wrong) > 20 {
-		fmt.Fprintf(&b, "  ... and %d more\n", len(wrong)-20)
-	}
+	list(&b, "Attempts not as modelled:", len(wrong), func(i int) string {
+		x := wrong[i]
+		return fmt.Sprintf("%s #%d started %s: %s (%s)", x.e.Probe, x.e.Seq, w.Relative(x.e.Time), x.why, x.kind)
+	})
 	c.detail = b.String()
 	return false, nil
-}
-
-func (c *policyAsModelled) FailureMessage(any) string {
-	return fmt.Sprintf("Expected every attempt between the netpol pods as the policies in force say in the %s, but:\n  ✗ %s\nFirst violation: %s\n%s",
-		c.w, c.res.Figures[0].Text, c.res.First, c.detail)
-}
-
-func (c *policyAsModelled) NegatedFailureMessage(any) string {
-	return fmt.Sprintf("Expected an attempt between the netpol pods not as modelled in the %s, but:\n  %s\n", c.w, c.res.Figures[0].Text)
 }
