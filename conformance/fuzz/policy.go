@@ -63,6 +63,12 @@ func (p policyPair) name() string {
 	return fmt.Sprintf("policy-%s-%s-%d", strings.ReplaceAll(p.from, "/", ""), strings.ReplaceAll(p.to, "/", ""), p.port)
 }
 
+// probe is the pair's probe from its source: a new connection to to's port every
+// policyInterval.
+func (p policyPair) probe(e *conformance.Env, to netip.Addr) probe.Connect {
+	return probe.Connect{Name: p.name(), Target: netip.AddrPortFrom(to, uint16(p.port)).String(), Interval: policyInterval, Timeout: e.Budgets.AttemptTimeout}
+}
+
 // newPodPairs are the pairs of a pod that appears (OpPod): x/new-N, labelled pod=b
 // as x/b, on node 1, whose connections open from its first packet (topologies'
 // OnWired, before the API knows its address), to x/a (which cases isolate and admit
@@ -146,8 +152,7 @@ func (p *policies) addPod(ctx context.Context, e *conformance.Env, name string, 
 			p.mu.Lock()
 			p.born[pr.name()] = pr
 			p.mu.Unlock()
-			cfg := probe.Connect{Name: pr.name(), Target: netip.AddrPortFrom(to.IP(), uint16(pr.port)).String(),
-				Interval: policyInterval, Timeout: e.Budgets.AttemptTimeout}
+			cfg := pr.probe(e, to.IP())
 			g.Go(func() error {
 				if _, err := e.World.StartProbe(ctx, from, cfg); err != nil {
 					return fmt.Errorf("probe %s: %w", pr.name(), err)
@@ -161,8 +166,7 @@ func (p *policies) addPod(ctx context.Context, e *conformance.Env, name string, 
 }
 
 func (p *policies) ip(id string) netip.Addr {
-	ns, name, _ := strings.Cut(id, "/")
-	if pod, ok := p.f.Pod(ns, name); ok {
+	if pod, ok := p.pod(id); ok {
 		return pod.Pod.IP()
 	}
 	return netip.Addr{}
@@ -234,8 +238,7 @@ func (p *policies) traffic(e *conformance.Env) ([]conformance.Traffic, error) {
 		if !ok || !ok2 {
 			return nil, fmt.Errorf("the netpol fixture has no pod %s or %s", pr.from, pr.to)
 		}
-		target := netip.AddrPortFrom(to.Pod.IP(), uint16(pr.port)).String()
-		out = append(out, conformance.Traffic{From: from.Pod, Probe: probe.Connect{Name: pr.name(), Target: target, Interval: policyInterval, Timeout: e.Budgets.AttemptTimeout}})
+		out = append(out, conformance.Traffic{From: from.Pod, Probe: pr.probe(e, to.Pod.IP())})
 	}
 	return out, nil
 }
@@ -259,6 +262,17 @@ type policyModel struct {
 	once    sync.Once
 	changes []policyChange
 	downs   []span
+	said    map[said]verdict // what each set said of each pair, once asked
+}
+
+type said struct {
+	pr    policyPair
+	state int
+}
+
+type verdict struct {
+	allowed bool
+	why     string
 }
 
 type policyChange struct {
@@ -285,14 +299,23 @@ func (m *policyModel) build() {
 // for the datapath to have shown the change on that pair.
 const shownAfter = 3
 
-// allowed is what the set of policies states[s] says of pr.
+// allowed is what the set of policies states[s] says of pr. The check asks it for
+// every attempt; it is worked out once per pair and set.
 func (m *policyModel) allowed(pr policyPair, s int) (bool, string) {
+	if v, ok := m.said[said{pr, s}]; ok {
+		return v.allowed, v.why
+	}
 	m.p.mu.Lock()
 	cluster := m.p.cluster
 	m.p.mu.Unlock()
 	src, _ := cluster.Pod(pr.from)
 	dst, _ := cluster.Pod(pr.to)
-	return cluster.Allowed(m.p.state(s), src, dst, netpolmodel.Port{Port: pr.port, Protocol: corev1.ProtocolTCP})
+	ok, why := cluster.Allowed(m.p.state(s), src, dst, netpolmodel.Port{Port: pr.port, Protocol: corev1.ProtocolTCP})
+	if m.said == nil {
+		m.said = map[said]verdict{}
+	}
+	m.said[said{pr, s}] = verdict{ok, why}
+	return ok, why
 }
 
 // shown is when the datapath showed each of the round's policy changes on pr: the

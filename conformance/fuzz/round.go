@@ -229,7 +229,7 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 	}
 	only := matchers.Probes(streams...)
 	sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "the streams carry echoes before the schedule", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, only)})
-	maxGap := e.Budgets.StreamMaxGap
+	maxGap, gapBudget := e.Budgets.StreamMaxGap, "stream-max-gap"
 	var handover *conformance.Handover
 	if n := s.Switched(); n > 0 {
 		// As the SWITCH specs judge it: the node's FORWARD policy DROP and
@@ -237,14 +237,14 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 		// stall switch-max-gap in the round.
 		handover = &conformance.Handover{Node: w.nodes[n-1]}
 		sc.Preconditions = append(sc.Preconditions, conformance.ForwardPolicyDrop(handover.Node), handover.Before())
-		sc.Settle, maxGap = e.Budgets.SwitchSettle, max(maxGap, e.Budgets.SwitchMaxGap)
+		sc.Settle, maxGap, gapBudget = e.Budgets.SwitchSettle, max(maxGap, e.Budgets.SwitchMaxGap), "switch-max-gap"
 	}
 	m := &model{tl: e.World.Timeline().Transitions, budget: e.Budgets.EndpointProgrammed,
 		service: w.service, own: w.own, apps: w.apps, pathNode: w.core.NodeA.Name()}
 	sc.Checks = append(sc.Checks,
 		conformance.Check{Name: "every answer is from a backend its Service had, within endpoint-programmed", Matcher: newAnswersAsModelled(m.allowed, connects...)},
 		conformance.Check{Name: "no established stream reset", Matcher: matchers.HaveNoResets(only)},
-		conformance.Check{Name: "no stream gap over " + budgetName(maxGap == e.Budgets.StreamMaxGap), Matcher: matchers.HaveStreamGapsWithin(maxGap, only)},
+		conformance.Check{Name: "no stream gap over " + gapBudget, Matcher: matchers.HaveStreamGapsWithin(maxGap, only)},
 		conformance.Check{Name: "every stream alive at the end", Matcher: matchers.BeAliveAtEnd(only)},
 	)
 	if handover != nil {
@@ -260,14 +260,6 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 		sc.Checks = append(sc.Checks, conformance.Check{Name: "every new connection between the netpol pods is delivered or not as the policies in force say, within policy-programmed", Matcher: newPolicyAsModelled(pm)})
 	}
 	return e.Run(ctx, sc)
-}
-
-// budgetName names the stream-gap budget a round holds its streams to.
-func budgetName(stream bool) string {
-	if stream {
-		return "stream-max-gap"
-	}
-	return "switch-max-gap"
 }
 
 // serviceOf is the Service whose own backend is b.
