@@ -53,6 +53,37 @@ func (r *modelReport) NegatedFailureMessage(any) string {
 	return fmt.Sprintf("Expected %s in the %s, but:\n  %s\n", r.negated, r.w, r.res.Figures[0].Text)
 }
 
+// wrongAttempt is an attempt a model's check found not as the model says: why, and
+// its kind.
+type wrongAttempt struct {
+	e    probe.Event
+	kind matchers.Kind
+	why  string
+}
+
+// fail reports wrong, in time order and not empty, as the check's violation: the
+// first of them with the timeline around it (its probe's attempts), and the list.
+func (r *modelReport) fail(w timeline.Window, wrong []wrongAttempt) {
+	first := wrong[0]
+	r.res.Verdict, r.res.Kind, r.res.At = matchers.Violation, first.kind, first.e.Time
+	r.res.First = fmt.Sprintf("probe %s, started %s: attempt #%d to %s was %s", first.e.Probe, w.Relative(first.e.Time), first.e.Seq, first.e.Target, first.why)
+	for _, x := range wrong[:min(len(wrong), matchers.MaxMarks)] {
+		r.res.Marks = append(r.res.Marks, matchers.Mark{Probe: x.e.Probe, Time: x.e.Time, Kind: x.kind})
+	}
+	r.res.MarksTotal = len(wrong)
+	var b strings.Builder
+	b.WriteString("Timeline around it:\n")
+	b.WriteString(w.Excerpt(first.e.Time, matchers.DefaultContext, matchers.DefaultContext, func(e probe.Event) bool {
+		return e.Kind == probe.KindAttempt && e.Probe == first.e.Probe ||
+			(e.Kind == probe.KindSent || e.Kind == probe.KindRecv) && e.Target == first.e.Probe // a UDP pair's, by its label
+	}))
+	list(&b, "Attempts not as modelled:", len(wrong), func(i int) string {
+		x := wrong[i]
+		return fmt.Sprintf("%s #%d started %s: %s (%s)", x.e.Probe, x.e.Seq, w.Relative(x.e.Time), x.why, x.kind)
+	})
+	r.detail = b.String()
+}
+
 // list writes title and the first 20 of n lines, then how many more there are.
 func list(b *strings.Builder, title string, n int, line func(i int) string) {
 	b.WriteString(title + "\n")

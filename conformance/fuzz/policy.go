@@ -51,6 +51,9 @@ type policyPair struct {
 	port     int32
 	// born is the new pod (OpPod) the pair goes from or to, or empty.
 	born string
+	// udp: the pair is probed with UDP datagrams, each from a new socket (a new
+	// flow each), rather than TCP connections.
+	udp bool
 }
 
 var policyPairs = []policyPair{
@@ -58,15 +61,48 @@ var policyPairs = []policyPair{
 	{from: "x/a", to: "y/b", port: 80}, {from: "x/a", to: "y/b", port: 81}, {from: "x/a", to: "y/c", port: 80}, {from: "x/a", to: "z/a", port: 80},
 }
 
-// name is the pair's probe: "policy-xb-xa-80".
+// name is the pair's probe: "policy-xb-xa-80", "policy-udp-xnew5-xa-80".
 func (p policyPair) name() string {
-	return fmt.Sprintf("policy-%s-%s-%d", strings.ReplaceAll(p.from, "/", ""), strings.ReplaceAll(p.to, "/", ""), p.port)
+	proto := ""
+	if p.udp {
+		proto = "udp-"
+	}
+	return fmt.Sprintf("policy-%s%s-%s-%d", proto, strings.ReplaceAll(p.from, "/", ""), strings.ReplaceAll(p.to, "/", ""), p.port)
+}
+
+func (p policyPair) protocol() corev1.Protocol {
+	if p.udp {
+		return corev1.ProtocolUDP
+	}
+	return corev1.ProtocolTCP
 }
 
 // probe is the pair's probe from its source: a new connection to to's port every
 // policyInterval.
 func (p policyPair) probe(e *conformance.Env, to netip.Addr) probe.Connect {
 	return probe.Connect{Name: p.name(), Target: netip.AddrPortFrom(to, uint16(p.port)).String(), Interval: policyInterval, Timeout: e.Budgets.AttemptTimeout}
+}
+
+// birthDatagrams is how many datagrams each of a new pod's UDP pairs sends from its
+// first possible packet, one every connect-interval (2 ms): a second's worth. A
+// source sends to all its pairs from one probe, in turn, so that they start together
+// (one probe after another, the last would start tens of milliseconds after the
+// first); each datagram carries its pair's name as its destination's label.
+// The window in which a new pod is open before its policy, or closed to a peer
+// whose policy admits it (programs attached before the IP sets were written), lasts
+// from tens of microseconds to milliseconds, as the ORDER specs measure it: TCP
+// connections every policyInterval miss it, and a datagram is a flow of its own,
+// judged afresh.
+const birthDatagrams = 500
+
+// birthPairs are newPodPairs probed with TCP, and again with UDP.
+func birthPairs() []policyPair {
+	out := slices.Clone(newPodPairs)
+	for _, pr := range newPodPairs {
+		pr.udp = true
+		out = append(out, pr)
+	}
+	return out
 }
 
 // newPodPairs are the pairs of a pod that appears (OpPod): x/new-N, labelled pod=b
@@ -136,8 +172,15 @@ func (p *policies) addPod(ctx context.Context, e *conformance.Env, name string, 
 		// start tens of milliseconds after the first, past the window of a
 		// dataplane that programs the pod quickly (as ORDER-NEW-ENDPOINT-INGRESS
 		// starts its clients).
-		var g errgroup.Group
-		for _, pr := range newPodPairs {
+		type started struct {
+			from topologies.Pod
+			cfg  probe.Config
+		}
+		var probes []started
+		births := map[string]*probe.UDP{} // by source
+		var sources []string              // in the order first met
+		pods := map[string]topologies.Pod{}
+		for _, pr := range birthPairs() {
 			pr.born = id
 			from, to := pod, pod
 			pr.from, pr.to = strings.Replace(pr.from, "new", id, 1), strings.Replace(pr.to, "new", id, 1)
@@ -152,16 +195,33 @@ func (p *policies) addPod(ctx context.Context, e *conformance.Env, name string, 
 			p.mu.Lock()
 			p.born[pr.name()] = pr
 			p.mu.Unlock()
-			cfg := pr.probe(e, to.IP())
+			if !pr.udp {
+				probes = append(probes, started{from, pr.probe(e, to.IP())})
+				continue
+			}
+			b := births[pr.from]
+			if b == nil {
+				b = &probe.UDP{Name: "birth-" + strings.ReplaceAll(pr.from, "/", "") + "-" + name, NewSocket: true}
+				births[pr.from], pods[pr.from], sources = b, from, append(sources, pr.from)
+			}
+			b.To = append(b.To, probe.Destination{Label: pr.name(), Addr: netip.AddrPortFrom(to.IP(), uint16(pr.port)).String()})
+			b.Interval, b.Count = e.Budgets.ConnectInterval/time.Duration(len(b.To)), birthDatagrams*len(b.To)
+		}
+		for _, src := range sources {
+			probes = append(probes, started{pods[src], *births[src]})
+		}
+		var g errgroup.Group
+		for _, s := range probes {
 			g.Go(func() error {
-				if _, err := e.World.StartProbe(ctx, from, cfg); err != nil {
-					return fmt.Errorf("probe %s: %w", pr.name(), err)
+				if _, err := e.World.StartProbe(ctx, s.from, s.cfg); err != nil {
+					return fmt.Errorf("probe %s: %w", s.cfg.ProbeName(), err)
 				}
 				return nil
 			})
 		}
 		return g.Wait()
 	}
+	e.Record(specs.EventPodCreating, id)
 	return conformance.AddPod(spec, nil).Do(ctx, e)
 }
 
@@ -262,7 +322,8 @@ type policyModel struct {
 	once    sync.Once
 	changes []policyChange
 	downs   []span
-	said    map[said]verdict // what each set said of each pair, once asked
+	created map[string]monotime.Time // a new pod's pod-creating, by pod
+	said    map[said]verdict         // what each set said of each pair, once asked
 }
 
 type said struct {
@@ -283,7 +344,11 @@ type policyChange struct {
 func (m *policyModel) build() {
 	trs := m.tl()
 	m.downs = downs(trs, "")
+	m.created = map[string]monotime.Time{}
 	for _, tr := range trs {
+		if tr.Name == specs.EventPodCreating {
+			m.created[tr.Detail] = tr.Time
+		}
 		if tr.Name != EventPolicies {
 			continue
 		}
@@ -310,7 +375,7 @@ func (m *policyModel) allowed(pr policyPair, s int) (bool, string) {
 	m.p.mu.Unlock()
 	src, _ := cluster.Pod(pr.from)
 	dst, _ := cluster.Pod(pr.to)
-	ok, why := cluster.Allowed(m.p.state(s), src, dst, netpolmodel.Port{Port: pr.port, Protocol: corev1.ProtocolTCP})
+	ok, why := cluster.Allowed(m.p.state(s), src, dst, netpolmodel.Port{Port: pr.port, Protocol: pr.protocol()})
 	if m.said == nil {
 		m.said = map[said]verdict{}
 	}
@@ -357,6 +422,43 @@ func (m *policyModel) shown(pr policyPair, attempts []probe.Event) []monotime.Ti
 	return out
 }
 
+// shownBefore narrows, for the pairs of the pods that appeared, which changes count
+// as shown: a change the datapath had shown on any fixed pair whose verdict it
+// changes, before the pod was created, is shown for the pod's pairs too, from their
+// first packet. The agent had the policies then, and a pod it programs after is
+// never open (or closed) to what they say otherwise: that is what holds a new pod to
+// a policy written seconds before it, inside policy-programmed. shown is by probe,
+// as policyAsModelled works it out, and is changed in place.
+func (m *policyModel) shownBefore(pairs map[string]policyPair, shown map[string][]monotime.Time) {
+	m.once.Do(m.build)
+	anywhere := make([]monotime.Time, len(m.changes))
+	prev := 0
+	for j, c := range m.changes {
+		for name, pr := range pairs {
+			if pr.born != "" || shown[name] == nil {
+				continue
+			}
+			was, _ := m.allowed(pr, prev)
+			now, _ := m.allowed(pr, c.state)
+			if t := shown[name][j]; was != now && t != 0 && (anywhere[j] == 0 || t < anywhere[j]) {
+				anywhere[j] = t
+			}
+		}
+		prev = c.state
+	}
+	for name, pr := range pairs {
+		created, ok := m.created[pr.born]
+		if !ok || shown[name] == nil {
+			continue
+		}
+		for j, t := range anywhere {
+			if t != 0 && t <= created && (shown[name][j] == 0 || t < shown[name][j]) {
+				shown[name][j] = t
+			}
+		}
+	}
+}
+
 // verdicts are what the sets that count for an attempt of pr started at t say: all
 // allow, all deny, or both (then the attempt is not judged). Every set in force from
 // budget before t (from budget before an agent went down, while it is down) to the
@@ -394,6 +496,41 @@ func (m *policyModel) verdicts(pr policyPair, t monotime.Time, shown []monotime.
 	return allow, deny, why
 }
 
+// pairAttempts are the attempts of pairs' probes among events, in time order: a TCP
+// pair's connect attempts as they are, and each datagram sent on a UDP pair (whose
+// name is its destination's label) as an attempt of the pair answered (OK) by the
+// server that received it, if one did, or not (timeout). A datagram the probe could
+// not send is no attempt.
+func pairAttempts(events []probe.Event, pairs map[string]policyPair) []probe.Event {
+	type datagram struct {
+		pair, sender string
+		seq          uint64
+	}
+	got := map[datagram]string{} // -> the server that received it
+	for _, e := range events {
+		if e.Kind == probe.KindRecv && pairs[e.Target].udp {
+			got[datagram{e.Target, e.From, e.Seq}] = e.Backend
+		}
+	}
+	var out []probe.Event
+	for _, e := range events {
+		switch {
+		case e.Kind == probe.KindAttempt && !pairs[e.Probe].udp:
+			if _, ok := pairs[e.Probe]; ok {
+				out = append(out, e)
+			}
+		case e.Kind == probe.KindSent && pairs[e.Target].udp && e.Outcome == probe.OK:
+			server, ok := got[datagram{e.Target, e.Probe, e.Seq}]
+			e.Kind, e.Probe, e.Outcome = probe.KindAttempt, e.Target, probe.Timeout
+			if ok {
+				e.Outcome, e.Backend = probe.OK, server
+			}
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // policyAsModelled is the round's check that every new connection between the
 // policy pairs went as the model says: delivered (answered by its destination)
 // where every set of policies that counts allows it, not delivered where every one
@@ -401,7 +538,8 @@ func (m *policyModel) verdicts(pr policyPair, t monotime.Time, shown []monotime.
 // denied (a pod is never open before its policy is in place); where they are
 // allowed, once the pod is wired (its first connection delivered) for those from
 // it, as ORDER-NEW-ENDPOINT holds them, and policy-programmed after that for those
-// into it. A violation is of kind delivered, or of the failed attempt's kind.
+// into it. A UDP pair's datagrams are judged as attempts (pairAttempts). A violation
+// is of kind delivered, lost (a datagram), or of the failed attempt's kind.
 type policyAsModelled struct {
 	m     *policyModel
 	pairs map[string]policyPair
@@ -420,12 +558,6 @@ func newPolicyAsModelled(m *policyModel) *policyAsModelled {
 // WithDefaults keeps the matcher as it is: its options are its own.
 func (c *policyAsModelled) WithDefaults(...matchers.Option) matchers.Matcher { return c }
 
-type policyWrong struct {
-	e    probe.Event
-	kind matchers.Kind
-	why  string
-}
-
 func (c *policyAsModelled) Match(actual any) (bool, error) {
 	w, ok := actual.(timeline.Window)
 	if !ok {
@@ -436,32 +568,32 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 	c.m.p.mu.Lock()
 	maps.Copy(pairs, c.m.p.born)
 	c.m.p.mu.Unlock()
+	attempts := pairAttempts(w.Inside(), pairs)
 	wired := map[string]monotime.Time{} // a new pod's first delivery
-	for _, e := range w.Inside() {
-		if pr, ok := pairs[e.Probe]; ok && e.Kind == probe.KindAttempt && pr.born != "" && pr.from == pr.born && e.Outcome == probe.OK && e.Backend == pr.to {
+	for _, e := range attempts {
+		if pr := pairs[e.Probe]; pr.born != "" && pr.from == pr.born && e.Outcome == probe.OK && e.Backend == pr.to {
 			if t, ok := wired[pr.born]; !ok || e.Time < t {
 				wired[pr.born] = e.Time
 			}
 		}
 	}
 	byProbe := map[string][]probe.Event{}
-	for _, e := range w.Inside() {
-		if _, ok := pairs[e.Probe]; ok && e.Kind == probe.KindAttempt {
-			byProbe[e.Probe] = append(byProbe[e.Probe], e)
-		}
+	for _, e := range attempts {
+		byProbe[e.Probe] = append(byProbe[e.Probe], e)
 	}
 	shown := map[string][]monotime.Time{}
 	for name, es := range byProbe {
 		shown[name] = c.m.shown(pairs[name], es)
 	}
-	var wrong []policyWrong
+	c.m.shownBefore(pairs, shown)
+	var wrong []wrongAttempt
 	judged, seen := 0, map[string]int{}
-	for _, e := range w.Inside() {
-		pr, ok := pairs[e.Probe]
-		if e.Kind != probe.KindAttempt || !ok {
-			continue
-		}
+	for _, e := range attempts {
+		pr := pairs[e.Probe]
 		seen[e.Probe]++
+		if e.Outcome == probe.Stopped {
+			continue // the round's end cut it short
+		}
 		allow, deny, why := c.m.verdicts(pr, e.Time, shown[e.Probe])
 		delivered := e.Outcome == probe.OK && e.Backend == pr.to
 		if pr.born != "" && allow && !deny {
@@ -478,9 +610,12 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 			continue
 		case allow && !delivered:
 			kind := matchers.AttemptKind(e, []string{pr.to})
-			wrong = append(wrong, policyWrong{e, kind, "allowed (" + why + ") but not delivered"})
+			if pr.udp {
+				kind = matchers.KindLost
+			}
+			wrong = append(wrong, wrongAttempt{e, kind, "allowed (" + why + ") but not delivered"})
 		case deny && delivered:
-			wrong = append(wrong, policyWrong{e, matchers.KindDelivered, "denied (" + why + ") but delivered"})
+			wrong = append(wrong, wrongAttempt{e, matchers.KindDelivered, "denied (" + why + ") but delivered"})
 		}
 		judged++
 	}
@@ -497,22 +632,6 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 	if len(wrong) == 0 {
 		return true, nil
 	}
-	first := wrong[0]
-	c.res.Verdict, c.res.Kind, c.res.At = matchers.Violation, first.kind, first.e.Time
-	c.res.First = fmt.Sprintf("probe %s, started %s: attempt #%d to %s was %s", first.e.Probe, w.Relative(first.e.Time), first.e.Seq, first.e.Target, first.why)
-	for _, x := range wrong[:min(len(wrong), matchers.MaxMarks)] {
-		c.res.Marks = append(c.res.Marks, matchers.Mark{Probe: x.e.Probe, Time: x.e.Time, Kind: x.kind})
-	}
-	c.res.MarksTotal = len(wrong)
-	var b strings.Builder
-	b.WriteString("Timeline around it:\n")
-	b.WriteString(w.Excerpt(first.e.Time, matchers.DefaultContext, matchers.DefaultContext, func(e probe.Event) bool {
-		return e.Kind == probe.KindAttempt && e.Probe == first.e.Probe
-	}))
-	list(&b, "Attempts not as modelled:", len(wrong), func(i int) string {
-		x := wrong[i]
-		return fmt.Sprintf("%s #%d started %s: %s (%s)", x.e.Probe, x.e.Seq, w.Relative(x.e.Time), x.why, x.kind)
-	})
-	c.detail = b.String()
+	c.fail(w, wrong)
 	return false, nil
 }

@@ -110,27 +110,40 @@ func TestPolicyAsModelled(t *testing.T) {
 }
 
 // A new pod's allowed pairs are held once it is wired (its first delivery), its
-// denied ones from its first packet.
+// denied ones from its first packet; its UDP pairs' datagrams as its TCP pairs'
+// connections, a datagram no server received being lost.
 func TestPolicyAsModelledNewPod(t *testing.T) {
+	const admits, denies = "allow ingress to x/a from pod b of its own namespace", "deny all ingress in x"
 	for _, c := range []struct {
 		what, policy string
+		udp          bool
 		deliver      func(ms int) bool
 		kind         matchers.Kind
 	}{
-		{"admitted, lost before it is wired", "allow ingress to x/a from pod b of its own namespace", func(ms int) bool { return ms >= 50 }, ""},
-		{"admitted, lost once wired", "allow ingress to x/a from pod b of its own namespace", func(ms int) bool { return ms >= 50 && ms != 300 }, matchers.KindTimeout},
-		{"denied, not delivered", "deny all ingress in x", func(int) bool { return false }, ""},
-		{"denied, delivered at its first packet", "deny all ingress in x", func(ms int) bool { return ms == 0 }, matchers.KindDelivered},
+		{"admitted, lost before it is wired", admits, false, func(ms int) bool { return ms >= 50 }, ""},
+		{"admitted, lost once wired", admits, false, func(ms int) bool { return ms >= 50 && ms != 300 }, matchers.KindTimeout},
+		{"denied, not delivered", denies, false, func(int) bool { return false }, ""},
+		{"denied, delivered at its first packet", denies, false, func(ms int) bool { return ms == 0 }, matchers.KindDelivered},
+		{"UDP: admitted, lost before it is wired", admits, true, func(ms int) bool { return ms >= 50 }, ""},
+		{"UDP: admitted, a datagram lost once wired", admits, true, func(ms int) bool { return ms >= 50 && ms != 300 }, matchers.KindLost},
+		{"UDP: denied, the first datagram delivered", denies, true, func(ms int) bool { return ms == 0 }, matchers.KindDelivered},
 	} {
 		g := NewWithT(t)
 		p := fakePolicies(t, c.policy)
 		p.cluster.Pods = append(p.cluster.Pods, netpolmodel.Pod{Namespace: "x", Name: "new-3", Labels: map[string]string{workloads.PodLabel: "b"},
 			IP: netip.MustParseAddr("10.0.1.1"), Ports: p.cluster.Pods[0].Ports})
-		pr := policyPair{from: "x/new-3", to: "x/a", port: 80, born: "x/new-3"}
+		pr := policyPair{from: "x/new-3", to: "x/a", port: 80, born: "x/new-3", udp: c.udp}
 		p.born = map[string]policyPair{pr.name(): pr}
 		tl := timeline.New()
 		tl.RecordAt(at(-10000), EventPolicies, "1: create")
 		for ms, seq := 0, uint64(1); ms < 500; ms, seq = ms+2, seq+1 {
+			if c.udp {
+				tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "birth-xnew3", Seq: seq, Outcome: probe.OK, Target: pr.name()})
+				if c.deliver(ms) {
+					tl.Add(probe.Event{Time: at(ms), End: at(ms + 1), Kind: probe.KindRecv, Probe: pr.to, From: "birth-xnew3", Seq: seq, Backend: pr.to, Target: pr.name()})
+				}
+				continue
+			}
 			e := probe.Event{Time: at(ms), Kind: probe.KindAttempt, Probe: pr.name(), Seq: seq, Outcome: probe.Timeout}
 			if c.deliver(ms) {
 				e.Outcome, e.Backend = probe.OK, pr.to
@@ -143,5 +156,55 @@ func TestPolicyAsModelledNewPod(t *testing.T) {
 		g.Expect(err).NotTo(HaveOccurred(), c.what)
 		g.Expect(ok).To(Equal(c.kind == ""), "%s: %s", c.what, chk.FailureMessage(nil))
 		g.Expect(chk.Result().Kind).To(Equal(c.kind), c.what)
+	}
+}
+
+// A policy written shortly before a pod appears is not yet due (policy-programmed),
+// but once the datapath has shown it on a fixed pair before the pod was created, the
+// new pod's pairs are held to it from their first packet.
+func TestPolicyAsModelledShownBeforeBirth(t *testing.T) {
+	for _, c := range []struct {
+		what  string
+		shown bool
+		kind  matchers.Kind
+	}{
+		{"not yet shown anywhere: not judged", false, ""},
+		{"shown on x/b to x/a before the pod was created", true, matchers.KindDelivered},
+	} {
+		g := NewWithT(t)
+		p := fakePolicies(t, "deny all ingress in x")
+		p.cluster.Pods = append(p.cluster.Pods, netpolmodel.Pod{Namespace: "x", Name: "new-3", Labels: map[string]string{workloads.PodLabel: "b"},
+			IP: netip.MustParseAddr("10.0.1.1"), Ports: p.cluster.Pods[0].Ports})
+		born := policyPair{from: "y/a", to: "x/new-3", port: 80, born: "x/new-3", udp: true}
+		p.born = map[string]policyPair{born.name(): born}
+		fixed := policyPairs[0]
+		tl := timeline.New()
+		tl.RecordAt(at(-500), EventPolicies, "1: create x/deny-ingress")
+		tl.RecordAt(at(-100), specs.EventPodCreating, "x/new-3")
+		seq := uint64(0)
+		for ms := -1000; ms < 500; ms += 10 {
+			seq++
+			e := probe.Event{Time: at(ms), Kind: probe.KindAttempt, Probe: fixed.name(), Seq: seq, Outcome: probe.OK, Backend: fixed.to}
+			if c.shown && ms >= -450 || !c.shown && ms >= 300 {
+				e.Outcome, e.Backend = probe.Timeout, ""
+			}
+			tl.Add(e)
+		}
+		// y/a's first datagrams to the new pod are delivered.
+		for ms, seq := 0, uint64(1); ms < 500; ms, seq = ms+2, seq+1 {
+			tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "birth-ya-new-3", Seq: seq, Outcome: probe.OK, Target: born.name()})
+			if ms < 20 {
+				tl.Add(probe.Event{Time: at(ms), End: at(ms + 1), Kind: probe.KindRecv, Probe: born.to, From: "birth-ya-new-3", Seq: seq, Backend: born.to, Target: born.name()})
+			}
+		}
+		chk := newPolicyAsModelled(&policyModel{tl: tl.Transitions, budget: time.Second, timeout: 200 * time.Millisecond, p: p})
+		chk.pairs = map[string]policyPair{fixed.name(): fixed}
+		ok, err := chk.Match(tl.Window(at(-1000), at(1000)))
+		g.Expect(err).NotTo(HaveOccurred(), c.what)
+		g.Expect(ok).To(Equal(c.kind == ""), "%s: %s", c.what, chk.FailureMessage(nil))
+		g.Expect(chk.Result().Kind).To(Equal(c.kind), c.what)
+		if !ok {
+			t.Logf("%s:\n%s", c.what, chk.FailureMessage(nil))
+		}
 	}
 }

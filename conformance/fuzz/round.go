@@ -59,7 +59,7 @@ var Profiles = []conformance.Profile{conformance.Core, conformance.Upgrade, conf
 
 // ClaimsOf are the claims a schedule for info may draw on.
 func ClaimsOf(info driver.Info) Claims {
-	c := Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: upgrades(info), Switch: switches(info)}
+	c := Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: upgrades(info), Switch: switches(info), Address: true}
 	if policed(info) {
 		c.Policies = PolicyCases()
 	}
@@ -85,7 +85,8 @@ func upgrades(info driver.Info) bool {
 // offers versions, the agents start at the one before the newest, which OpUpgrade
 // moves them from and back to; they start in the schedule's Mode. A schedule that
 // switches a node starts with the real kube-proxy there instead; one with policy
-// steps adds the netpol fixture, probed on policyPairs.
+// steps adds the netpol fixture, probed on policyPairs; one with address steps, a
+// Service probed on node 1's spare address.
 func Spec(s Schedule, info driver.Info) conformance.Spec {
 	sp := conformance.Spec{
 		ID:       fmt.Sprintf("FUZZ-%d-%d", s.Seed, s.Round),
@@ -98,7 +99,10 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 	}
 	if s.HasPolicies() {
 		sp.Features = append(sp.Features, conformance.FeatureNetworkPolicy)
-		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet), each delivered or not as every set of policies in force {policy-programmed} before says.", len(policyPairs), len(newPodPairs))
+		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet, and %d UDP datagrams on each of them, one every {connect-interval}, each from a new socket), each delivered or not as every set of policies in force {policy-programmed} before says.", len(policyPairs), len(newPodPairs), birthDatagrams)
+	}
+	if s.HasAddress() {
+		sp.Description += fmt.Sprintf(" The external client opens a new connection every %s to a NodePort on node 1's spare address, which must answer from {address-programmed} after the address is added and not from {address-programmed} after it is removed.", s.interval())
 	}
 	if n := s.Switched(); n > 0 {
 		sp.Description += fmt.Sprintf(" Node %d starts under the real kube-proxy and is switched to the implementation: kube-proxy's rules are gone {switch-settle} after, and a stream may stall {switch-max-gap}.", n)
@@ -126,6 +130,9 @@ type world struct {
 	// pol is the netpol fixture and its policies, where the schedule has policy
 	// steps.
 	pol *policies
+	// addr is node 1's spare address and the Service probed on it, where the
+	// schedule has address steps.
+	addr *address
 }
 
 func deploy(ctx context.Context, e *conformance.Env, s Schedule) (*world, error) {
@@ -152,6 +159,11 @@ func deploy(ctx context.Context, e *conformance.Env, s Schedule) (*world, error)
 	}
 	if s.HasPolicies() {
 		if w.pol, err = deployPolicies(ctx, e); err != nil {
+			return nil, err
+		}
+	}
+	if s.HasAddress() {
+		if w.addr, err = deployAddress(ctx, e, core.NodeA, core.Client); err != nil {
 			return nil, err
 		}
 	}
@@ -196,8 +208,9 @@ func (w *world) validate(s Schedule, info driver.Info) error {
 			if a.Op == OpPolicy && !slices.Contains(PolicyCases(), a.Case) {
 				bad("no policy case %q (the cases are POLICY-TRUTH-TABLE's)", a.Case)
 			}
+		case OpAddAddress, OpRemoveAddress:
 		default:
-			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, switch, policy, pod)", a.Op)
+			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, switch, policy, pod, add-address, remove-address)", a.Op)
 		}
 	}
 	return errors.Join(errs...)
@@ -259,6 +272,13 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 		pm := &policyModel{tl: e.World.Timeline().Transitions, budget: e.Budgets.PolicyProgrammed, timeout: e.Budgets.AttemptTimeout, p: w.pol}
 		sc.Checks = append(sc.Checks, conformance.Check{Name: "every new connection between the netpol pods is delivered or not as the policies in force say, within policy-programmed", Matcher: newPolicyAsModelled(pm)})
 	}
+	if w.addr != nil {
+		sc.Traffic = append(sc.Traffic, w.addr.traffic(e, s.interval()))
+		sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "nothing answers on node 1's spare address before it is added",
+			Matcher: matchers.HaveNoServedAttempts(matchers.Probes(addressProbe))})
+		am := &addressModel{tl: e.World.Timeline().Transitions, budget: e.Budgets.AddressProgrammed, timeout: e.Budgets.AttemptTimeout, node: w.core.NodeA.Name()}
+		sc.Checks = append(sc.Checks, conformance.Check{Name: "the NodePort answers on node 1's spare address from address-programmed after it is added, and not from address-programmed after it is removed", Matcher: newAddressAsModelled(am)})
+	}
 	return e.Run(ctx, sc)
 }
 
@@ -318,6 +338,8 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 			return w.pol.put(ctx, e, a.Case)
 		case OpPod:
 			return w.pol.addPod(ctx, e, fmt.Sprintf("new-%d", i+1), w.nodes[0])
+		case OpAddAddress, OpRemoveAddress:
+			return w.addr.set(ctx, e, a.Op == OpAddAddress)
 		}
 		return fmt.Errorf("no step %q", a.Op)
 	}

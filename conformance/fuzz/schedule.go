@@ -1,10 +1,10 @@
 // Package fuzz composes the suite's transitions at random: a seeded generator draws a
 // schedule of steps (agent restarts, crashes, outages and upgrades on either node, a
 // switch from kube-proxy, backends labelled into and out of the Services, the truth
-// table's NetworkPolicies put in force, pods that appear under them) with random
-// timing, overlaps included; a round runs one schedule in a fresh world under
-// continuous traffic, and its checks judge the whole of it against a model of the
-// API's state, not against a script.
+// table's NetworkPolicies put in force, pods that appear under them, a node's
+// address added and removed) with random timing, overlaps included; a round runs one
+// schedule in a fresh world under continuous traffic, and its checks judge the whole
+// of it against a model of the API's state, not against a script.
 // A failing schedule is shrunk (delta debugging over its steps, each candidate
 // replayed in a fresh world) to a minimal one, written as a replay file.
 package fuzz
@@ -52,6 +52,11 @@ const (
 	// OpPod adds a pod to the netpol fixture (x/new-N, N the step's number,
 	// labelled pod=b, on node 1), its connections open from its first packet.
 	OpPod Op = "pod"
+	// OpAddAddress adds node 1's spare address to its interface, where a NodePort
+	// must then answer (NODE-ADDRESS-CHANGE's transition, in two steps).
+	OpAddAddress Op = "add-address"
+	// OpRemoveAddress removes it again: nothing may answer there then.
+	OpRemoveAddress Op = "remove-address"
 )
 
 // Offset is a time from a schedule's start, written as a duration ("1.25s").
@@ -106,6 +111,10 @@ func (a Action) String() string {
 		return fmt.Sprintf("%s policies: %s", at, a.Case)
 	case OpPod:
 		return fmt.Sprintf("%s a pod appears", at)
+	case OpAddAddress:
+		return fmt.Sprintf("%s add node 1's spare address", at)
+	case OpRemoveAddress:
+		return fmt.Sprintf("%s remove node 1's spare address", at)
 	}
 	return fmt.Sprintf("%s %s node %d", at, a.Op, a.Node)
 }
@@ -117,6 +126,9 @@ func (a Action) resource() string {
 	}
 	if a.Op == OpPolicy || a.Op == OpPod {
 		return "policies"
+	}
+	if a.HasAddress() {
+		return "address"
 	}
 	return fmt.Sprintf("node %d", a.Node)
 }
@@ -168,6 +180,12 @@ func (s Schedule) HasPolicies() bool {
 	return slices.ContainsFunc(s.Actions, func(a Action) bool { return a.Op == OpPolicy || a.Op == OpPod })
 }
 
+// HasAddress reports whether a changes node 1's spare address.
+func (a Action) HasAddress() bool { return a.Op == OpAddAddress || a.Op == OpRemoveAddress }
+
+// HasAddress reports whether the schedule changes node 1's spare address.
+func (s Schedule) HasAddress() bool { return slices.ContainsFunc(s.Actions, Action.HasAddress) }
+
 // Switched is the node (counted from 1) the schedule switches from kube-proxy, or 0.
 func (s Schedule) Switched() int {
 	for _, a := range s.Actions {
@@ -188,8 +206,8 @@ func (s Schedule) Span() time.Duration {
 
 // Claims are what a schedule may draw on: the implementation's nodes, spare
 // backends and Services, whether it offers versions to upgrade between and takes a
-// node over from kube-proxy, and the policy cases it may put in force (none where
-// NetworkPolicy is not claimed).
+// node over from kube-proxy, the policy cases it may put in force (none where
+// NetworkPolicy is not claimed), and whether node 1 has a spare address to add.
 type Claims struct {
 	Nodes    int
 	Spares   []string
@@ -197,15 +215,18 @@ type Claims struct {
 	Upgrade  bool
 	Switch   bool
 	Policies []string
+	Address  bool
 }
 
 // Generate draws round's schedule of n steps from seed: the same seed, round and
 // claims always give the same schedule. The steps' gaps are exponential with a mean
 // of span/n, so some steps fall inside another's window (a crash during a restart
 // of the other node, a backend leaving while the agent is down) and others are far
-// apart; an outage of node 1 has a Service change inside it. Where the implementation takes nodes over from kube-proxy, about one round
-// in four starts with node 1 (whose agent programs every path) under kube-proxy and
-// switches it at once, so the round's first steps fall inside the hand-over. (Not
+// apart; an outage of node 1 has a Service change inside it, and an address added is
+// removed seconds later. Where the implementation takes nodes over from kube-proxy,
+// about one round in four starts with node 1 (whose agent programs every path) under
+// kube-proxy and switches it at once, so the round's first steps fall inside the
+// hand-over. (Not
 // more: a stream opened through kube-proxy stays in Linux conntrack, so in such a
 // round no stream tests the implementation's own conntrack across a restart.)
 func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Schedule {
@@ -217,7 +238,12 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 		ops = append(ops, OpUpgrade, OpUpgrade)
 	}
 	if len(c.Policies) > 0 {
-		ops = append(ops, OpPolicy, OpPolicy, OpPod)
+		// The truth table has many cases, and a fault of the policies shows under
+		// few of them: a round draws policies often.
+		ops = append(ops, OpPolicy, OpPolicy, OpPolicy, OpPod)
+	}
+	if c.Address {
+		ops = append(ops, OpAddAddress)
 	}
 	if len(c.Spares) == 0 || len(c.Services) == 0 {
 		ops = slices.DeleteFunc(ops, func(o Op) bool { return o == OpJoin })
@@ -242,7 +268,7 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 	for len(s.Actions) < n {
 		at += time.Duration(rng.ExpFloat64() * mean).Round(time.Millisecond)
 		a := Action{At: Offset(at), Op: ops[rng.IntN(len(ops))]}
-		var inside *Action
+		var then *Action // a step this one brings, due later
 		switch a.Op {
 		case OpRestart, OpCrash, OpUpgrade:
 			a.Node = 1 + rng.IntN(c.Nodes)
@@ -254,28 +280,36 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 			// leaves if there is one (a backend gone is what a stale datapath
 			// shows), else a spare joins.
 			if a.Node == 1 && slices.Contains(ops, OpJoin) && len(s.Actions)+2 <= n {
-				inside = &Action{At: a.At + a.For/2}
+				then = &Action{At: a.At + a.For/2}
 				if members := slices.Sorted(maps.Keys(member)); len(members) > 0 {
-					inside.Op, inside.Backend = OpLeave, members[rng.IntN(len(members))]
-					delete(member, inside.Backend)
+					then.Op, then.Backend = OpLeave, members[rng.IntN(len(members))]
+					delete(member, then.Backend)
 				} else {
-					membership(inside)
+					membership(then)
 				}
 			}
 		case OpJoin:
 			membership(&a)
 		case OpPolicy:
 			a.Case = c.Policies[rng.IntN(len(c.Policies))]
+		case OpAddAddress:
+			// Added, and removed 1.5 to 5 s later, after it had its time to be
+			// served (address-programmed, 1 s): both changes are judged.
+			if len(s.Actions)+2 <= n {
+				then = &Action{At: a.At + Offset(time.Duration(1500+rng.IntN(3500))*time.Millisecond), Op: OpRemoveAddress}
+			}
 		}
 		s.Actions = append(s.Actions, a)
-		if inside != nil {
-			s.Actions = append(s.Actions, *inside)
+		if then != nil {
+			s.Actions = append(s.Actions, *then)
 		}
 	}
 	slices.SortStableFunc(s.Actions, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
-	// A step drawn after an outage's inner one may fall due before it: in the order
-	// they are due, a spare leaves only a Service it is in.
+	// A step drawn after another's later one may fall due before it: in the order
+	// they are due, a spare leaves only a Service it is in, and the address is
+	// removed only once added.
 	clear(member)
+	added := false // node 1's spare address
 	for i := range s.Actions {
 		switch a := &s.Actions[i]; a.Op {
 		case OpJoin:
@@ -287,6 +321,12 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 				continue
 			}
 			delete(member, a.Backend)
+		case OpAddAddress, OpRemoveAddress:
+			if added = !added; added {
+				a.Op = OpAddAddress
+			} else {
+				a.Op = OpRemoveAddress
+			}
 		}
 	}
 	return s

@@ -16,7 +16,7 @@ import (
 	"github.com/dpconform/dpconform/fv/timeline"
 )
 
-var claims = Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: true, Switch: true, Policies: PolicyCases()}
+var claims = Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: true, Switch: true, Policies: PolicyCases(), Address: true}
 
 func TestGenerateIsSeeded(t *testing.T) {
 	g := NewWithT(t)
@@ -36,6 +36,7 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 	for round := 1; round <= 20; round++ {
 		s := Generate(1, round, claims, 10, 15*time.Second)
 		member := map[string]string{}
+		added := false
 		for i, a := range s.Actions {
 			ops[a.Op]++
 			if i > 0 {
@@ -68,10 +69,13 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 			case OpLeave:
 				g.Expect(member).To(HaveKey(a.Backend), "a spare leaves only a Service it joined")
 				delete(member, a.Backend)
+			case OpAddAddress, OpRemoveAddress:
+				g.Expect(a.Op == OpAddAddress).To(Equal(!added), "the address is added, then removed, in turn")
+				added = !added
 			}
 		}
 	}
-	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave, OpSwitch, OpPolicy} {
+	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave, OpSwitch, OpPolicy, OpAddAddress, OpRemoveAddress} {
 		g.Expect(ops).To(HaveKey(op), "20 rounds draw a %s", op)
 	}
 	g.Expect(overlaps).To(BeNumerically(">", 10), "steps due within 300 ms of the one before")
@@ -79,10 +83,10 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 	g.Expect(switched).To(BeNumerically("~", 5, 4), "about one round in four starts with a switch")
 
 	fewer := claims
-	fewer.Upgrade, fewer.Switch, fewer.Policies = false, false, nil
+	fewer.Upgrade, fewer.Switch, fewer.Policies, fewer.Address = false, false, nil, false
 	for round := 1; round <= 20; round++ {
 		for _, a := range Generate(1, round, fewer, 10, 15*time.Second).Actions {
-			g.Expect(a.Op).NotTo(BeElementOf(OpUpgrade, OpSwitch, OpPolicy), "only the steps claimed")
+			g.Expect(a.Op).NotTo(BeElementOf(OpUpgrade, OpSwitch, OpPolicy, OpPod, OpAddAddress, OpRemoveAddress), "only the steps claimed")
 		}
 	}
 }
