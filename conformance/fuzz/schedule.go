@@ -265,9 +265,13 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 		a.Op, a.Service = OpJoin, c.Services[rng.IntN(len(c.Services))]
 		member[a.Backend] = a.Service
 	}
+	removed := Offset(0) // when the address added last is removed
 	for len(s.Actions) < n {
 		at += time.Duration(rng.ExpFloat64() * mean).Round(time.Millisecond)
 		a := Action{At: Offset(at), Op: ops[rng.IntN(len(ops))]}
+		for a.Op == OpAddAddress && a.At < removed {
+			a.Op = ops[rng.IntN(len(ops))] // it is there: something else
+		}
 		var then *Action // a step this one brings, due later
 		switch a.Op {
 		case OpRestart, OpCrash, OpUpgrade:
@@ -295,8 +299,10 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 		case OpAddAddress:
 			// Added, and removed 1.5 to 5 s later, after it had its time to be
 			// served (address-programmed, 1 s): both changes are judged.
+			removed = Offset(1 << 62) // until the end, unless it is removed
 			if len(s.Actions)+2 <= n {
 				then = &Action{At: a.At + Offset(time.Duration(1500+rng.IntN(3500))*time.Millisecond), Op: OpRemoveAddress}
+				removed = then.At
 			}
 		}
 		s.Actions = append(s.Actions, a)

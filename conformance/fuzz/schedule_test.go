@@ -36,7 +36,7 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 	for round := 1; round <= 20; round++ {
 		s := Generate(1, round, claims, 10, 15*time.Second)
 		member := map[string]string{}
-		added := false
+		added, addedAt := false, Offset(0)
 		for i, a := range s.Actions {
 			ops[a.Op]++
 			if i > 0 {
@@ -71,7 +71,10 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 				delete(member, a.Backend)
 			case OpAddAddress, OpRemoveAddress:
 				g.Expect(a.Op == OpAddAddress).To(Equal(!added), "the address is added, then removed, in turn")
-				added = !added
+				if a.Op == OpRemoveAddress {
+					g.Expect(time.Duration(a.At-addedAt)).To(BeNumerically(">=", 1500*time.Millisecond), "removed once it had its time to be served")
+				}
+				added, addedAt = !added, a.At
 			}
 		}
 	}
