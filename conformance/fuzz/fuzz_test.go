@@ -50,8 +50,9 @@ func runner(t *testing.T, ctx context.Context, bins map[string]string, pool *net
 // A short seeded fuzz run, as make test runs it: the clean reference passes the
 // first two rounds of seed 1 (each starts with a switch from kube-proxy); with a
 // fault that any restart of an agent shows (its conntrack is not pinned, so
-// established flows are reset), seed 7's first round, which takes node 1's agent down first,
-// fails, the schedule shrinks to one step, and its replay file fails again.
+// established flows are reset), seed 7's first round, which takes node 1's agent
+// down first, fails, the schedule shrinks to one step, and its replay file fails
+// again.
 func TestFuzzReference(t *testing.T) {
 	privileged.Require(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
