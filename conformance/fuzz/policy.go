@@ -577,9 +577,23 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 			}
 		}
 	}
+	// live reports whether a new pod was wired at t for pr: from its first delivery
+	// for the pairs from it, policy-programmed after that for those into it.
+	// Before, nothing it sends or is sent says anything of the policies.
+	live := func(pr policyPair, t monotime.Time) bool {
+		from, ok := wired[pr.born]
+		if pr.to == pr.born {
+			from = from.Add(c.m.budget)
+		}
+		return ok && t >= from
+	}
 	byProbe := map[string][]probe.Event{}
 	for _, e := range attempts {
-		byProbe[e.Probe] = append(byProbe[e.Probe], e)
+		if pr := pairs[e.Probe]; pr.born == "" || live(pr, e.Time) {
+			byProbe[e.Probe] = append(byProbe[e.Probe], e)
+		} else if _, ok := byProbe[e.Probe]; !ok {
+			byProbe[e.Probe] = nil // a pair no change has been shown on yet
+		}
 	}
 	shown := map[string][]monotime.Time{}
 	for name, es := range byProbe {
@@ -596,14 +610,8 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 		}
 		allow, deny, why := c.m.verdicts(pr, e.Time, shown[e.Probe])
 		delivered := e.Outcome == probe.OK && e.Backend == pr.to
-		if pr.born != "" && allow && !deny {
-			from, ok := wired[pr.born]
-			if pr.to == pr.born {
-				from = from.Add(c.m.budget)
-			}
-			if !ok || e.Time < from {
-				continue
-			}
+		if pr.born != "" && allow && !deny && !live(pr, e.Time) {
+			continue
 		}
 		switch {
 		case allow && deny:

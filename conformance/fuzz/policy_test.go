@@ -208,3 +208,29 @@ func TestPolicyAsModelledShownBeforeBirth(t *testing.T) {
 		}
 	}
 }
+
+// A new pod's datagrams lost before it is wired show nothing of the policies: a deny
+// written as it appears, still within policy-programmed when it is wired, does not
+// yet hold its pairs (the clean reference, seed 20261207's round 7).
+func TestPolicyAsModelledNotShownBeforeWired(t *testing.T) {
+	g := NewWithT(t)
+	p := fakePolicies(t, "deny all ingress in x")
+	p.cluster.Pods = append(p.cluster.Pods, netpolmodel.Pod{Namespace: "x", Name: "new-1", Labels: map[string]string{workloads.PodLabel: "b"},
+		IP: netip.MustParseAddr("10.0.1.1"), Ports: p.cluster.Pods[0].Ports})
+	pr := policyPair{from: "x/new-1", to: "x/a", port: 80, born: "x/new-1", udp: true}
+	p.born = map[string]policyPair{pr.name(): pr}
+	tl := timeline.New()
+	tl.RecordAt(at(0), specs.EventPodCreating, "x/new-1")
+	tl.RecordAt(at(100), EventPolicies, "1: create x/deny-ingress")
+	for ms, seq := 50, uint64(1); ms < 500; ms, seq = ms+2, seq+1 {
+		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "birth-xnew1", Seq: seq, Outcome: probe.OK, Target: pr.name()})
+		if ms >= 200 {
+			tl.Add(probe.Event{Time: at(ms), End: at(ms + 1), Kind: probe.KindRecv, Probe: pr.to, From: "birth-xnew1", Seq: seq, Backend: pr.to, Target: pr.name()})
+		}
+	}
+	chk := newPolicyAsModelled(&policyModel{tl: tl.Transitions, budget: time.Second, timeout: 200 * time.Millisecond, p: p})
+	chk.pairs = map[string]policyPair{}
+	ok, err := chk.Match(tl.Window(at(-1000), at(1000)))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(ok).To(BeTrue(), chk.FailureMessage(nil))
+}
