@@ -159,6 +159,10 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 	ct = ct_lookup(&p.tuple);
 	if (ct) {
 		touch(ct, &p, now);
+		if (ct->flags & DPC_CT_FOREIGN) {
+			set_mark(skb, DPC_MARK_FALLTHROUGH);
+			return TC_ACT_OK;
+		}
 		if (ct->flags & DPC_CT_SNAT_REPLY) {
 			/* A reply to our SNAT: back to the client. Its source
 			 * (the backend) is restored at host egress. */
@@ -206,6 +210,8 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 	fe = bpf_map_lookup_elem(&dpc_frontends, &fk);
 	if (!fe) {
 		if (!ct && is_tcp_midflow(&p)) {
+			if (host)
+				track_foreign(&p.tuple, now);
 			set_mark(skb, DPC_MARK_FALLTHROUGH);
 			return TC_ACT_OK;
 		}

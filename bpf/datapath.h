@@ -126,6 +126,13 @@ struct ct_key {
  * flow's entries go: a backend that vanished without closing its connections
  * would leave the client waiting in silence. */
 #define DPC_CT_BACKEND_GONE (1U << 7)
+/* The reply tuple of a TCP flow that predates the datapath, NATed by the stack
+ * to a port of the SNAT range (kube-proxy's MASQUERADE, before a switch):
+ * recorded when one of its packets falls through at host ingress, so that no
+ * SNAT of ours takes that port towards the same backend and turns the flow's
+ * replies to another client. Its packets go on falling through; once stale,
+ * a SNAT may take the port. */
+#define DPC_CT_FOREIGN      (1U << 8)
 
 /*
  * The value of a conntrack entry has two formats. An object is built for one

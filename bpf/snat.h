@@ -38,7 +38,26 @@ static __always_inline int snat_owned(const struct ct_value *o, const struct ct_
  * entries (e.g. the node's own connections) are never taken over. */
 static __always_inline int snat_reusable(const struct ct_value *o, __u8 proto, __u64 now)
 {
-	return (o->flags & DPC_CT_SNAT_REPLY) && entry_stale(o, proto, now);
+	return (o->flags & (DPC_CT_SNAT_REPLY | DPC_CT_FOREIGN)) && entry_stale(o, proto, now);
+}
+
+/* track_foreign records k, the tuple of a packet at host ingress that falls
+ * through (a flow the datapath does not know), as DPC_CT_FOREIGN if it goes to
+ * a port of the SNAT range: the stack NATed its flow there, and a SNAT of ours
+ * must not take the port while it lives. */
+static __always_inline void track_foreign(const struct ct_key *k, __u64 now)
+{
+	struct ct_value v = {
+		.created_ns = now,
+		.last_seen_ns = now,
+		.flags = DPC_CT_FOREIGN,
+	};
+	__u16 port = bpf_ntohs(k->dport);
+
+	if (port < DPC_SNAT_PORT_MIN || port > DPC_SNAT_PORT_MAX)
+		return;
+	if (bpf_map_update_elem(&dpc_conntrack, k, &v, BPF_NOEXIST) == 0)
+		ct_mirror(k, &v);
 }
 
 /* snat_pick finds a SNAT port for a flow (sk: its SNAT reply tuple, port

@@ -1,6 +1,7 @@
 package bpf
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -377,4 +378,55 @@ func TestSNATPortUncheckedFault(t *testing.T) {
 			expect(t, "the live flow's reply on its stolen port", r, got, tcActOK, MarkSeen, remotePod, client)
 		})
 	}
+}
+
+// A flow the stack NATed to a port of the SNAT range before the datapath ran
+// (kube-proxy's MASQUERADE before a switch) is recorded when its reply falls
+// through at host ingress, and keeps its port: a new flow whose first candidate
+// it is takes the next, so the old flow's replies still fall through to the
+// stack rather than being turned to the new flow's client. Once the old flow is
+// stale, its port may be taken.
+func TestSNATKeepsForeignFlowsPorts(t *testing.T) {
+	d := setup(t, Options{})
+	service(t, d, nodePort, TCP, 4, remotePod)
+	cands := snatCandidates(client, remotePod, TCP)
+	foreign := netip.AddrPortFrom(ip(hostIP), cands[0]).String()
+
+	reply := tcp(remotePod, foreign, tcpACK|tcpPSH)
+	for i := range 2 {
+		in := reply.Bytes()
+		r := run(t, d.objs.TcHostIngress, in, 0)
+		if r.Ret != tcActOK || r.Mark != MarkFallthrough || !bytes.Equal(r.Out, in) {
+			t.Fatalf("foreign flow's reply %d: returned %d with mark %#x (changed: %t), want it to fall through unchanged", i+1, r.Ret, r.Mark, !bytes.Equal(r.Out, in))
+		}
+	}
+	if v := ctEntry(t, d, remotePod, foreign, TCP); v.Flags != ConntrackForeign {
+		t.Fatalf("entry of the foreign flow's reply: %+v, want flags %#x", v, ConntrackForeign)
+	}
+	r, got := newFlow(t, d, client, TCP)
+	expectSNAT(t, d, client, TCP, r, got, cands[1])
+
+	// A reply to a port below the SNAT range is no SNAT's: not recorded.
+	in := tcp(remotePod, hostIP+":33333", tcpACK).Bytes()
+	if r := run(t, d.objs.TcHostIngress, in, 0); r.Mark != MarkFallthrough {
+		t.Errorf("reply to port 33333: mark %#x, want %#x", r.Mark, MarkFallthrough)
+	}
+	if _, err := d.Conntrack().Lookup(ConntrackKey{Src: ipp(remotePod).Addr(), Dst: ip(hostIP), SrcPort: ipp(remotePod).Port(), DstPort: 33333, Proto: TCP}); err == nil {
+		t.Errorf("a reply to port 33333 was recorded")
+	}
+
+	// Stale (idle past the TCP timeout), the foreign entry gives its port up, as
+	// the only reusable one among live flows' entries.
+	if up := time.Duration(monotonicNow(t)); up <= ConntrackTCPIdleTimeout+time.Second {
+		t.Skipf("SKIPPED: a stale entry needs CLOCK_MONOTONIC past %s; it is at %s", ConntrackTCPIdleTimeout, up)
+	}
+	d = setup(t, Options{})
+	service(t, d, nodePort, TCP, 4, remotePod)
+	now := monotonicNow(t)
+	must(t, d.Conntrack().Put(snatKey(remotePod, cands[0], TCP), ConntrackValue{Flags: ConntrackForeign}))
+	for i, port := range cands[1:] {
+		must(t, d.Conntrack().Put(snatKey(remotePod, port, TCP), otherFlow(i, 0, now)))
+	}
+	r, got = newFlow(t, d, client, TCP)
+	expectSNAT(t, d, client, TCP, r, got, cands[0])
 }

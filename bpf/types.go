@@ -333,6 +333,12 @@ const (
 	// a TCP DNAT flow). A pod's next packet on the flow, other than a SYN, is
 	// answered with a RST from the frontend, and the flow's entries are deleted.
 	ConntrackBackendGone ConntrackFlags = 1 << 7
+	// ConntrackForeign: the reply tuple of a TCP flow that predates the
+	// datapath, NATed by the stack to a port of the SNAT range (kube-proxy's
+	// MASQUERADE before a switch), recorded when one of its packets fell
+	// through at host ingress: no SNAT of the datapath takes that port
+	// towards the same backend while the flow lives.
+	ConntrackForeign ConntrackFlags = 1 << 8
 )
 
 // ConntrackValue is a conntrack entry's value, in either format
