@@ -500,18 +500,23 @@ func (m *policyModel) verdicts(pr policyPair, t monotime.Time, shown []monotime.
 // pair's connect attempts as they are, and each datagram sent on a UDP pair (whose
 // name is its destination's label) as an attempt of the pair answered (OK) by the
 // server that received it, if one did, or not (timeout). A datagram the probe could
-// not send is no attempt.
+// not send is no attempt, and neither is one received from the source address and
+// port of an earlier datagram of its pair: the kernel gave the new socket a port it
+// had used, so the datagram belongs to a flow the datapath knows, whose verdict
+// stands (a datapath need not judge an admitted flow again when policies change).
 func pairAttempts(events []probe.Event, pairs map[string]policyPair) []probe.Event {
 	type datagram struct {
 		pair, sender string
 		seq          uint64
 	}
-	got := map[datagram]string{} // -> the server that received it
+	got := map[datagram]probe.Event{} // the server's receipt
 	for _, e := range events {
 		if e.Kind == probe.KindRecv && pairs[e.Target].udp {
-			got[datagram{e.Target, e.From, e.Seq}] = e.Backend
+			got[datagram{e.Target, e.From, e.Seq}] = e
 		}
 	}
+	type flow struct{ pair, peer string }
+	seen := map[flow]bool{}
 	var out []probe.Event
 	for _, e := range events {
 		switch {
@@ -520,10 +525,15 @@ func pairAttempts(events []probe.Event, pairs map[string]policyPair) []probe.Eve
 				out = append(out, e)
 			}
 		case e.Kind == probe.KindSent && pairs[e.Target].udp && e.Outcome == probe.OK:
-			server, ok := got[datagram{e.Target, e.Probe, e.Seq}]
+			recv, ok := got[datagram{e.Target, e.Probe, e.Seq}]
 			e.Kind, e.Probe, e.Outcome = probe.KindAttempt, e.Target, probe.Timeout
 			if ok {
-				e.Outcome, e.Backend = probe.OK, server
+				f := flow{e.Probe, recv.Peer}
+				if seen[f] && recv.Peer != "" {
+					continue
+				}
+				seen[f] = true
+				e.Outcome, e.Backend = probe.OK, recv.Backend
 			}
 			out = append(out, e)
 		}
