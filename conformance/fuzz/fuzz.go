@@ -166,7 +166,11 @@ func shrink(ctx context.Context, r *conformance.Runner, o Options, f *Finding) {
 				return false
 			}
 			f.ShrinkRuns++
-			res := Replay(ctx, r, s)
+			// A replay of its own name: the failing round's timeline and
+			// diagnostics stay as they were, for whoever reads the finding.
+			sp := Spec(s, r.Info())
+			sp.ID = fmt.Sprintf("%s-shrink-%d", sp.ID, f.ShrinkRuns)
+			res := r.Run(ctx, sp)
 			failed := res.Result == conformance.Failed && slices.ContainsFunc(res.FailedKinds(), func(k conformance.FailureKind) bool { return slices.Contains(f.Kinds, k) })
 			o.Logf("shrink: %d steps, replay %d of %d: %s %s", len(actions), i+1, o.Replays, res.Result, res.Reason)
 			if failed {
