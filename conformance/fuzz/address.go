@@ -188,11 +188,10 @@ func newAddressAsModelled(m *addressModel) *addressAsModelled {
 func (c *addressAsModelled) WithDefaults(...matchers.Option) matchers.Matcher { return c }
 
 func (c *addressAsModelled) Match(actual any) (bool, error) {
-	w, ok := actual.(timeline.Window)
-	if !ok {
-		return false, fmt.Errorf("fuzz: expected a timeline.Window, got %T", actual)
+	w, err := c.window(actual)
+	if err != nil {
+		return false, err
 	}
-	c.w = w
 	var wrong []wrongAttempt
 	judged, seen := 0, 0
 	for _, e := range w.Inside() {
@@ -208,26 +207,19 @@ func (c *addressAsModelled) Match(actual any) (bool, error) {
 		switch {
 		case served && !answered:
 			if k := matchers.AttemptKind(e, []string{addressService}); k != "" {
-				wrong = append(wrong, wrongAttempt{e, k, "due to be served (" + why + ") but not answered"})
+				wrong = append(wrong, wrongAttempt{e, k, "was due to be served (" + why + ") but not answered"})
 			}
 		case served && e.Backend != addressService:
-			wrong = append(wrong, wrongAttempt{e, matchers.KindWrongBackend, "answered by " + e.Backend})
+			wrong = append(wrong, wrongAttempt{e, matchers.KindWrongBackend, "was answered by " + e.Backend})
 		case !served && answered:
-			wrong = append(wrong, wrongAttempt{e, matchers.KindDelivered, "due not to be served (" + why + ") but answered by " + e.Backend})
+			wrong = append(wrong, wrongAttempt{e, matchers.KindDelivered, "was due not to be served (" + why + ") but answered by " + e.Backend})
 		}
 		judged++
 	}
-	zero := 0.0
-	c.res = matchers.Result{Verdict: matchers.Pass, Figures: []matchers.Figure{{Name: "unmodelled_address_outcomes", Value: float64(len(wrong)), Unit: "attempts", Of: judged, Budget: &zero,
-		Text: fmt.Sprintf("%d of %d judged attempts on the spare address not as its changes say (budget 0)", len(wrong), judged)}}}
-	c.detail = ""
+	passed := c.judge(w, "unmodelled_address_outcomes", "judged attempts on the spare address not as its changes say", judged, wrong)
 	if seen == 0 {
-		c.res.Verdict, c.res.First = matchers.Instrument, "probe "+addressProbe+" made no attempt in the window"
+		c.blind("probe " + addressProbe + " made no attempt in the window")
 		return false, fmt.Errorf("%w: %s: the round cannot judge the spare address", matchers.ErrInstrument, c.res.First)
 	}
-	if len(wrong) == 0 {
-		return true, nil
-	}
-	c.fail(w, wrong)
-	return false, nil
+	return passed, nil
 }

@@ -53,35 +53,75 @@ func (r *modelReport) NegatedFailureMessage(any) string {
 	return fmt.Sprintf("Expected %s in the %s, but:\n  %s\n", r.negated, r.w, r.res.Figures[0].Text)
 }
 
-// wrongAttempt is an attempt a model's check found not as the model says: why, and
-// its kind.
+// wrongAttempt is an attempt a model's check found not as the model says: why
+// ("was denied (...) but delivered"), and its kind.
 type wrongAttempt struct {
 	e    probe.Event
 	kind matchers.Kind
 	why  string
 }
 
-// fail reports wrong, in time order and not empty, as the check's violation: the
-// first of them with the timeline around it (its probe's attempts), and the list.
-func (r *modelReport) fail(w timeline.Window, wrong []wrongAttempt) {
+// window takes the window the check judges, and forgets the last judgement.
+func (r *modelReport) window(actual any) (timeline.Window, error) {
+	w, ok := actual.(timeline.Window)
+	if !ok {
+		return w, fmt.Errorf("fuzz: expected a timeline.Window, got %T", actual)
+	}
+	r.w, r.detail = w, ""
+	return w, nil
+}
+
+// judge sets the check's result: its one figure, name, the count of wrong among
+// judged attempts (text says what they are: "judged attempts on the spare address
+// not as its changes say"), and the violation if wrong, in time order, is not empty:
+// the first of them with the timeline around it, and the list. It reports whether
+// the check passed.
+func (r *modelReport) judge(w timeline.Window, name, text string, judged int, wrong []wrongAttempt) bool {
+	zero := 0.0
+	r.res = matchers.Result{Verdict: matchers.Pass, Figures: []matchers.Figure{{Name: name, Value: float64(len(wrong)), Unit: "attempts", Of: judged, Budget: &zero,
+		Text: fmt.Sprintf("%d of %d %s (budget 0)", len(wrong), judged, text)}}}
+	if len(wrong) == 0 {
+		return true
+	}
 	first := wrong[0]
 	r.res.Verdict, r.res.Kind, r.res.At = matchers.Violation, first.kind, first.e.Time
-	r.res.First = fmt.Sprintf("probe %s, started %s: attempt #%d to %s was %s", first.e.Probe, w.Relative(first.e.Time), first.e.Seq, first.e.Target, first.why)
-	for _, x := range wrong[:min(len(wrong), matchers.MaxMarks)] {
-		r.res.Marks = append(r.res.Marks, matchers.Mark{Probe: x.e.Probe, Time: x.e.Time, Kind: x.kind})
+	r.res.First = fmt.Sprintf("probe %s, started %s: attempt #%d to %s %s", first.e.Probe, w.Relative(first.e.Time), first.e.Seq, first.e.Target, first.why)
+	type attempt struct {
+		probe string
+		seq   uint64
+	}
+	marked := map[attempt]bool{}
+	for i, x := range wrong {
+		marked[attempt{x.e.Probe, x.e.Seq}] = true
+		if i < matchers.MaxMarks {
+			r.res.Marks = append(r.res.Marks, matchers.Mark{Probe: x.e.Probe, Time: x.e.Time, Kind: x.kind})
+		}
 	}
 	r.res.MarksTotal = len(wrong)
 	var b strings.Builder
 	b.WriteString("Timeline around it:\n")
 	b.WriteString(w.Excerpt(first.e.Time, matchers.DefaultContext, matchers.DefaultContext, func(e probe.Event) bool {
-		return e.Kind == probe.KindAttempt && e.Probe == first.e.Probe ||
-			(e.Kind == probe.KindSent || e.Kind == probe.KindRecv) && e.Target == first.e.Probe // a UDP pair's, by its label
+		switch e.Kind {
+		case probe.KindAttempt:
+			return marked[attempt{e.Probe, e.Seq}]
+		case probe.KindSent, probe.KindRecv: // a UDP pair's datagram, by its label
+			return marked[attempt{e.Target, e.Seq}]
+		}
+		return false
 	}))
 	list(&b, "Attempts not as modelled:", len(wrong), func(i int) string {
 		x := wrong[i]
 		return fmt.Sprintf("%s #%d started %s: %s (%s)", x.e.Probe, x.e.Seq, w.Relative(x.e.Time), x.why, x.kind)
 	})
 	r.detail = b.String()
+	return false
+}
+
+// blind makes the check's result the instrument's failure, first: its figure stays,
+// nothing else of a violation it may have judged.
+func (r *modelReport) blind(first string) {
+	r.res = matchers.Result{Verdict: matchers.Instrument, Figures: r.res.Figures, First: first}
+	r.detail = ""
 }
 
 // list writes title and the first 20 of n lines, then how many more there are.
@@ -100,13 +140,11 @@ func list(b *strings.Builder, title string, n int, line func(i int) string) {
 func (m *answersAsModelled) WithDefaults(...matchers.Option) matchers.Matcher { return m }
 
 func (m *answersAsModelled) Match(actual any) (bool, error) {
-	w, ok := actual.(timeline.Window)
-	if !ok {
-		return false, fmt.Errorf("fuzz: expected a timeline.Window, got %T", actual)
+	w, err := m.window(actual)
+	if err != nil {
+		return false, err
 	}
-	m.w = w
-	var wrong []probe.Event
-	var allowed []string
+	var wrong []wrongAttempt
 	answered := 0
 	for _, e := range w.Inside() {
 		if e.Kind != probe.KindAttempt || e.Outcome != probe.OK || !slices.Contains(m.probes, e.Probe) {
@@ -115,36 +153,9 @@ func (m *answersAsModelled) Match(actual any) (bool, error) {
 		answered++
 		ok := m.model(e.Probe, e.Time, 0) // a round's hosts share the suite's clock
 		if len(ok) > 0 && !slices.Contains(ok, e.Backend) {
-			if len(wrong) == 0 {
-				allowed = ok
-			}
-			wrong = append(wrong, e)
+			wrong = append(wrong, wrongAttempt{e, matchers.KindWrongBackend,
+				fmt.Sprintf("answered by %s, which the model did not allow then (allowed: %s)", e.Backend, strings.Join(ok, " or "))})
 		}
 	}
-	zero := 0.0
-	m.res = matchers.Result{Verdict: matchers.Pass, Figures: []matchers.Figure{{Name: "unmodelled_answers", Value: float64(len(wrong)), Unit: "attempts", Of: answered, Budget: &zero,
-		Text: fmt.Sprintf("%d of %d answered attempts answered by a backend the model did not allow then (budget 0)", len(wrong), answered)}}}
-	m.detail = ""
-	if len(wrong) == 0 {
-		return true, nil
-	}
-	first := wrong[0]
-	m.res.Verdict, m.res.Kind, m.res.At = matchers.Violation, matchers.KindWrongBackend, first.Time
-	m.res.First = fmt.Sprintf("probe %s, started %s: attempt #%d to %s answered by %s, which the model did not allow then (allowed: %s)",
-		first.Probe, w.Relative(first.Time), first.Seq, first.Target, first.Backend, strings.Join(allowed, " or "))
-	for _, e := range wrong[:min(len(wrong), matchers.MaxMarks)] {
-		m.res.Marks = append(m.res.Marks, matchers.Mark{Probe: e.Probe, Time: e.Time, Kind: matchers.KindWrongBackend})
-	}
-	m.res.MarksTotal = len(wrong)
-	var b strings.Builder
-	b.WriteString("Timeline around it:\n")
-	b.WriteString(w.Excerpt(first.Time, matchers.DefaultContext, matchers.DefaultContext, func(e probe.Event) bool {
-		return e.Kind == probe.KindAttempt && e.Probe == first.Probe && e.Backend == first.Backend
-	}))
-	list(&b, "Answers the model did not allow:", len(wrong), func(i int) string {
-		e := wrong[i]
-		return fmt.Sprintf("%s #%d answered by %s, started %s", e.Probe, e.Seq, e.Backend, w.Relative(e.Time))
-	})
-	m.detail = b.String()
-	return false, nil
+	return m.judge(w, "unmodelled_answers", "answered attempts answered by a backend the model did not allow then", answered, wrong), nil
 }

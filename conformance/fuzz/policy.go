@@ -177,9 +177,7 @@ func (p *policies) addPod(ctx context.Context, e *conformance.Env, name string, 
 			cfg  probe.Config
 		}
 		var probes []started
-		births := map[string]*probe.UDP{} // by source
-		var sources []string              // in the order first met
-		pods := map[string]topologies.Pod{}
+		births := map[string]int{} // a source's UDP probe, by its index in probes
 		for _, pr := range birthPairs() {
 			pr.born = id
 			from, to := pod, pod
@@ -199,16 +197,15 @@ func (p *policies) addPod(ctx context.Context, e *conformance.Env, name string, 
 				probes = append(probes, started{from, pr.probe(e, to.IP())})
 				continue
 			}
-			b := births[pr.from]
-			if b == nil {
-				b = &probe.UDP{Name: "birth-" + strings.ReplaceAll(pr.from, "/", "") + "-" + name, NewSocket: true}
-				births[pr.from], pods[pr.from], sources = b, from, append(sources, pr.from)
+			i, ok := births[pr.from]
+			if !ok {
+				i, births[pr.from] = len(probes), len(probes)
+				probes = append(probes, started{from, probe.UDP{Name: "birth-" + strings.ReplaceAll(pr.from, "/", "") + "-" + name, NewSocket: true}})
 			}
+			b := probes[i].cfg.(probe.UDP)
 			b.To = append(b.To, probe.Destination{Label: pr.name(), Addr: netip.AddrPortFrom(to.IP(), uint16(pr.port)).String()})
 			b.Interval, b.Count = e.Budgets.ConnectInterval/time.Duration(len(b.To)), birthDatagrams*len(b.To)
-		}
-		for _, src := range sources {
-			probes = append(probes, started{pods[src], *births[src]})
+			probes[i].cfg = b
 		}
 		var g errgroup.Group
 		for _, s := range probes {
@@ -569,11 +566,10 @@ func newPolicyAsModelled(m *policyModel) *policyAsModelled {
 func (c *policyAsModelled) WithDefaults(...matchers.Option) matchers.Matcher { return c }
 
 func (c *policyAsModelled) Match(actual any) (bool, error) {
-	w, ok := actual.(timeline.Window)
-	if !ok {
-		return false, fmt.Errorf("fuzz: expected a timeline.Window, got %T", actual)
+	w, err := c.window(actual)
+	if err != nil {
+		return false, err
 	}
-	c.w = w
 	pairs := maps.Clone(c.pairs)
 	c.m.p.mu.Lock()
 	maps.Copy(pairs, c.m.p.born)
@@ -631,25 +627,18 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 			if pr.udp {
 				kind = matchers.KindLost
 			}
-			wrong = append(wrong, wrongAttempt{e, kind, "allowed (" + why + ") but not delivered"})
+			wrong = append(wrong, wrongAttempt{e, kind, "was allowed (" + why + ") but not delivered"})
 		case deny && delivered:
-			wrong = append(wrong, wrongAttempt{e, matchers.KindDelivered, "denied (" + why + ") but delivered"})
+			wrong = append(wrong, wrongAttempt{e, matchers.KindDelivered, "was denied (" + why + ") but delivered"})
 		}
 		judged++
 	}
-	zero := 0.0
-	c.res = matchers.Result{Verdict: matchers.Pass, Figures: []matchers.Figure{{Name: "unmodelled_policy_outcomes", Value: float64(len(wrong)), Unit: "attempts", Of: judged, Budget: &zero,
-		Text: fmt.Sprintf("%d of %d judged attempts between the netpol pods not as the policies in force say (budget 0)", len(wrong), judged)}}}
-	c.detail = ""
+	passed := c.judge(w, "unmodelled_policy_outcomes", "judged attempts between the netpol pods not as the policies in force say", judged, wrong)
 	for _, name := range slices.Sorted(maps.Keys(c.pairs)) {
 		if seen[name] == 0 {
-			c.res.Verdict, c.res.First = matchers.Instrument, "probe "+name+" made no attempt in the window"
+			c.blind("probe " + name + " made no attempt in the window")
 			return false, fmt.Errorf("%w: %s: the round cannot judge its pair", matchers.ErrInstrument, c.res.First)
 		}
 	}
-	if len(wrong) == 0 {
-		return true, nil
-	}
-	c.fail(w, wrong)
-	return false, nil
+	return passed, nil
 }

@@ -110,6 +110,43 @@ func TestPolicyAsModelled(t *testing.T) {
 	g.Expect(chk.Result().Verdict).To(Equal(matchers.Instrument))
 }
 
+// withNewPod is fakePolicies with pod x/<name> (pod=b) appeared, and pr its pair.
+func withNewPod(t *testing.T, policy, name string, pr policyPair) *policies {
+	p := fakePolicies(t, policy)
+	p.cluster.Pods = append(p.cluster.Pods, netpolmodel.Pod{Namespace: "x", Name: name, Labels: map[string]string{workloads.PodLabel: "b"},
+		IP: netip.MustParseAddr("10.0.1.1"), Ports: p.cluster.Pods[0].Ports})
+	p.born = map[string]policyPair{pr.name(): pr}
+	return p
+}
+
+// datagram adds to tl datagram seq of pr, sent by sender at ms, and its receipt
+// from the source address from, if it was received.
+func datagram(tl *timeline.Timeline, sender string, pr policyPair, ms int, seq uint64, received bool, from string) {
+	tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: sender, Seq: seq, Outcome: probe.OK, Target: pr.name()})
+	if received {
+		tl.Add(probe.Event{Time: at(ms), End: at(ms + 1), Kind: probe.KindRecv, Probe: pr.to, From: sender, Seq: seq, Backend: pr.to, Target: pr.name(), Peer: from})
+	}
+}
+
+// expectKind expects the check to have passed (kind empty) or failed with kind.
+func expectKind(g Gomega, what string, chk *policyAsModelled, ok bool, err error, kind matchers.Kind) {
+	g.Expect(err).NotTo(HaveOccurred(), what)
+	g.Expect(ok).To(Equal(kind == ""), "%s: %s", what, chk.FailureMessage(nil))
+	g.Expect(chk.Result().Kind).To(Equal(kind), what)
+}
+
+// matchPolicies runs the policy check on tl's window from -1 s to 1 s, fixed being
+// the pairs whose probes must have attempts in it (the new pods' are p's).
+func matchPolicies(p *policies, tl *timeline.Timeline, fixed ...policyPair) (*policyAsModelled, bool, error) {
+	chk := newPolicyAsModelled(&policyModel{tl: tl.Transitions, budget: time.Second, timeout: 200 * time.Millisecond, p: p})
+	chk.pairs = map[string]policyPair{}
+	for _, pr := range fixed {
+		chk.pairs[pr.name()] = pr
+	}
+	ok, err := chk.Match(tl.Window(at(-1000), at(1000)))
+	return chk, ok, err
+}
+
 // A new pod's allowed pairs are held once it is wired (its first delivery), its
 // denied ones from its first packet; its UDP pairs' datagrams as its TCP pairs'
 // connections, a datagram no server received being lost.
@@ -130,19 +167,13 @@ func TestPolicyAsModelledNewPod(t *testing.T) {
 		{"UDP: denied, the first datagram delivered", denies, true, func(ms int) bool { return ms == 0 }, matchers.KindDelivered},
 	} {
 		g := NewWithT(t)
-		p := fakePolicies(t, c.policy)
-		p.cluster.Pods = append(p.cluster.Pods, netpolmodel.Pod{Namespace: "x", Name: "new-3", Labels: map[string]string{workloads.PodLabel: "b"},
-			IP: netip.MustParseAddr("10.0.1.1"), Ports: p.cluster.Pods[0].Ports})
 		pr := policyPair{from: "x/new-3", to: "x/a", port: 80, born: "x/new-3", udp: c.udp}
-		p.born = map[string]policyPair{pr.name(): pr}
+		p := withNewPod(t, c.policy, "new-3", pr)
 		tl := timeline.New()
 		tl.RecordAt(at(-10000), EventPolicies, "1: create")
 		for ms, seq := 0, uint64(1); ms < 500; ms, seq = ms+2, seq+1 {
 			if c.udp {
-				tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "birth-xnew3", Seq: seq, Outcome: probe.OK, Target: pr.name()})
-				if c.deliver(ms) {
-					tl.Add(probe.Event{Time: at(ms), End: at(ms + 1), Kind: probe.KindRecv, Probe: pr.to, From: "birth-xnew3", Seq: seq, Backend: pr.to, Target: pr.name(), Peer: peer(seq)})
-				}
+				datagram(tl, "birth-xnew3", pr, ms, seq, c.deliver(ms), peer(seq))
 				continue
 			}
 			e := probe.Event{Time: at(ms), Kind: probe.KindAttempt, Probe: pr.name(), Seq: seq, Outcome: probe.Timeout}
@@ -151,12 +182,8 @@ func TestPolicyAsModelledNewPod(t *testing.T) {
 			}
 			tl.Add(e)
 		}
-		chk := newPolicyAsModelled(&policyModel{tl: tl.Transitions, budget: time.Second, timeout: 200 * time.Millisecond, p: p})
-		chk.pairs = map[string]policyPair{}
-		ok, err := chk.Match(tl.Window(at(-1000), at(1000)))
-		g.Expect(err).NotTo(HaveOccurred(), c.what)
-		g.Expect(ok).To(Equal(c.kind == ""), "%s: %s", c.what, chk.FailureMessage(nil))
-		g.Expect(chk.Result().Kind).To(Equal(c.kind), c.what)
+		chk, ok, err := matchPolicies(p, tl)
+		expectKind(g, c.what, chk, ok, err, c.kind)
 	}
 }
 
@@ -173,11 +200,8 @@ func TestPolicyAsModelledShownBeforeBirth(t *testing.T) {
 		{"shown on x/b to x/a before the pod was created", true, matchers.KindDelivered},
 	} {
 		g := NewWithT(t)
-		p := fakePolicies(t, "deny all ingress in x")
-		p.cluster.Pods = append(p.cluster.Pods, netpolmodel.Pod{Namespace: "x", Name: "new-3", Labels: map[string]string{workloads.PodLabel: "b"},
-			IP: netip.MustParseAddr("10.0.1.1"), Ports: p.cluster.Pods[0].Ports})
 		born := policyPair{from: "y/a", to: "x/new-3", port: 80, born: "x/new-3", udp: true}
-		p.born = map[string]policyPair{born.name(): born}
+		p := withNewPod(t, "deny all ingress in x", "new-3", born)
 		fixed := policyPairs[0]
 		tl := timeline.New()
 		tl.RecordAt(at(-500), EventPolicies, "1: create x/deny-ingress")
@@ -193,17 +217,10 @@ func TestPolicyAsModelledShownBeforeBirth(t *testing.T) {
 		}
 		// y/a's first datagrams to the new pod are delivered.
 		for ms, seq := 0, uint64(1); ms < 500; ms, seq = ms+2, seq+1 {
-			tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "birth-ya-new-3", Seq: seq, Outcome: probe.OK, Target: born.name()})
-			if ms < 20 {
-				tl.Add(probe.Event{Time: at(ms), End: at(ms + 1), Kind: probe.KindRecv, Probe: born.to, From: "birth-ya-new-3", Seq: seq, Backend: born.to, Target: born.name(), Peer: peer(seq)})
-			}
+			datagram(tl, "birth-ya-new-3", born, ms, seq, ms < 20, peer(seq))
 		}
-		chk := newPolicyAsModelled(&policyModel{tl: tl.Transitions, budget: time.Second, timeout: 200 * time.Millisecond, p: p})
-		chk.pairs = map[string]policyPair{fixed.name(): fixed}
-		ok, err := chk.Match(tl.Window(at(-1000), at(1000)))
-		g.Expect(err).NotTo(HaveOccurred(), c.what)
-		g.Expect(ok).To(Equal(c.kind == ""), "%s: %s", c.what, chk.FailureMessage(nil))
-		g.Expect(chk.Result().Kind).To(Equal(c.kind), c.what)
+		chk, ok, err := matchPolicies(p, tl, fixed)
+		expectKind(g, c.what, chk, ok, err, c.kind)
 		if !ok {
 			t.Logf("%s:\n%s", c.what, chk.FailureMessage(nil))
 		}
@@ -215,23 +232,15 @@ func TestPolicyAsModelledShownBeforeBirth(t *testing.T) {
 // yet hold its pairs (the clean reference, seed 20261207's round 7).
 func TestPolicyAsModelledNotShownBeforeWired(t *testing.T) {
 	g := NewWithT(t)
-	p := fakePolicies(t, "deny all ingress in x")
-	p.cluster.Pods = append(p.cluster.Pods, netpolmodel.Pod{Namespace: "x", Name: "new-1", Labels: map[string]string{workloads.PodLabel: "b"},
-		IP: netip.MustParseAddr("10.0.1.1"), Ports: p.cluster.Pods[0].Ports})
 	pr := policyPair{from: "x/new-1", to: "x/a", port: 80, born: "x/new-1", udp: true}
-	p.born = map[string]policyPair{pr.name(): pr}
+	p := withNewPod(t, "deny all ingress in x", "new-1", pr)
 	tl := timeline.New()
 	tl.RecordAt(at(0), specs.EventPodCreating, "x/new-1")
 	tl.RecordAt(at(100), EventPolicies, "1: create x/deny-ingress")
 	for ms, seq := 50, uint64(1); ms < 500; ms, seq = ms+2, seq+1 {
-		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "birth-xnew1", Seq: seq, Outcome: probe.OK, Target: pr.name()})
-		if ms >= 200 {
-			tl.Add(probe.Event{Time: at(ms), End: at(ms + 1), Kind: probe.KindRecv, Probe: pr.to, From: "birth-xnew1", Seq: seq, Backend: pr.to, Target: pr.name(), Peer: peer(seq)})
-		}
+		datagram(tl, "birth-xnew1", pr, ms, seq, ms >= 200, peer(seq))
 	}
-	chk := newPolicyAsModelled(&policyModel{tl: tl.Transitions, budget: time.Second, timeout: 200 * time.Millisecond, p: p})
-	chk.pairs = map[string]policyPair{}
-	ok, err := chk.Match(tl.Window(at(-1000), at(1000)))
+	chk, ok, err := matchPolicies(p, tl)
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(ok).To(BeTrue(), chk.FailureMessage(nil))
 }
@@ -253,31 +262,21 @@ func TestPolicyAsModelledReusedPort(t *testing.T) {
 		{"from a new port", false, matchers.KindDelivered},
 	} {
 		g := NewWithT(t)
-		p := fakePolicies(t, "deny all ingress in x")
-		p.cluster.Pods = append(p.cluster.Pods, netpolmodel.Pod{Namespace: "x", Name: "new-1", Labels: map[string]string{workloads.PodLabel: "b"},
-			IP: netip.MustParseAddr("10.0.1.1"), Ports: p.cluster.Pods[0].Ports})
 		pr := policyPair{from: "x/new-1", to: "x/a", port: 80, born: "x/new-1", udp: true}
-		p.born = map[string]policyPair{pr.name(): pr}
+		p := withNewPod(t, "deny all ingress in x", "new-1", pr)
 		tl := timeline.New()
 		tl.RecordAt(at(0), specs.EventPodCreating, "x/new-1")
 		tl.RecordAt(at(100), EventPolicies, "1: create x/deny-ingress")
 		// Delivered until the deny holds at 150 ms, then not; datagram #200 (at
 		// 448 ms) delivered again.
 		for ms, seq := 50, uint64(1); ms < 500; ms, seq = ms+2, seq+1 {
-			tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "birth-xnew1", Seq: seq, Outcome: probe.OK, Target: pr.name()})
 			from := peer(seq)
 			if seq == 200 && c.reused {
 				from = peer(3)
 			}
-			if ms < 150 || seq == 200 {
-				tl.Add(probe.Event{Time: at(ms), End: at(ms + 1), Kind: probe.KindRecv, Probe: pr.to, From: "birth-xnew1", Seq: seq, Backend: pr.to, Target: pr.name(), Peer: from})
-			}
+			datagram(tl, "birth-xnew1", pr, ms, seq, ms < 150 || seq == 200, from)
 		}
-		chk := newPolicyAsModelled(&policyModel{tl: tl.Transitions, budget: time.Second, timeout: 200 * time.Millisecond, p: p})
-		chk.pairs = map[string]policyPair{}
-		ok, err := chk.Match(tl.Window(at(-1000), at(1000)))
-		g.Expect(err).NotTo(HaveOccurred(), c.what)
-		g.Expect(ok).To(Equal(c.kind == ""), "%s: %s", c.what, chk.FailureMessage(nil))
-		g.Expect(chk.Result().Kind).To(Equal(c.kind), c.what)
+		chk, ok, err := matchPolicies(p, tl)
+		expectKind(g, c.what, chk, ok, err, c.kind)
 	}
 }

@@ -226,9 +226,9 @@ type Claims struct {
 // removed seconds later. Where the implementation takes nodes over from kube-proxy,
 // about one round in four starts with node 1 (whose agent programs every path) under
 // kube-proxy and switches it at once, so the round's first steps fall inside the
-// hand-over. (Not
-// more: a stream opened through kube-proxy stays in Linux conntrack, so in such a
-// round no stream tests the implementation's own conntrack across a restart.)
+// hand-over. (Not more: a stream opened through kube-proxy stays in Linux
+// conntrack, so in such a round no stream tests the implementation's own conntrack
+// across a restart.)
 func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Schedule {
 	rng := rand.New(rand.NewPCG(seed, uint64(round)))
 	s := Schedule{Seed: seed, Round: round}
@@ -311,11 +311,10 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 		}
 	}
 	slices.SortStableFunc(s.Actions, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
-	// A step drawn after another's later one may fall due before it: in the order
-	// they are due, a spare leaves only a Service it is in, and the address is
-	// removed only once added.
+	// A step drawn after an outage's inner one may fall due before it: in the order
+	// they are due, a spare leaves only a Service it is in. (An address is added only
+	// once the one before is removed, so those are in order as drawn.)
 	clear(member)
-	added := false // node 1's spare address
 	for i := range s.Actions {
 		switch a := &s.Actions[i]; a.Op {
 		case OpJoin:
@@ -327,12 +326,6 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 				continue
 			}
 			delete(member, a.Backend)
-		case OpAddAddress, OpRemoveAddress:
-			if added = !added; added {
-				a.Op = OpAddAddress
-			} else {
-				a.Op = OpRemoveAddress
-			}
 		}
 	}
 	return s
