@@ -16,20 +16,21 @@ import (
 // started at t (model.allowed); an empty answer allows any.
 type backendModel func(probe string, t monotime.Time, slack time.Duration) []string
 
-// answersAsModelled is the round's check that every new connection that was
-// answered was answered by a backend the model allowed then: a backend that left a
+// answersAsModelled is the round's check that every new connection and every UDP
+// flow's datagram that was answered was answered by a backend the model allowed
+// then (and a datagram from the address it was sent to): a backend that left a
 // Service gets nothing new once the change had its time to be programmed, and one
-// not yet in it nothing before. Failed attempts are the per-path checks', which
-// also find a blind probe (they run first, on the same probes and window); this
-// one judges only answers. A violation is of kind wrong-backend.
+// not yet in it nothing before. It judges the probes the model knows a Service of.
+// Failed attempts are the per-path checks', which also find a blind probe (they run
+// first, on the same window); this one judges only answers. A violation is of kind
+// wrong-backend (or wrong-reply).
 type answersAsModelled struct {
-	model  backendModel
-	probes []string
+	model backendModel
 	modelReport
 }
 
-func newAnswersAsModelled(model backendModel, probes ...string) *answersAsModelled {
-	return &answersAsModelled{model: model, probes: probes, modelReport: modelReport{
+func newAnswersAsModelled(model backendModel) *answersAsModelled {
+	return &answersAsModelled{model: model, modelReport: modelReport{
 		expected: "every answer from a backend the model allowed", negated: "an answer from a backend the model did not allow"}}
 }
 
@@ -102,7 +103,7 @@ func (r *modelReport) judge(w timeline.Window, name, text string, judged int, wr
 	b.WriteString("Timeline around it:\n")
 	b.WriteString(w.Excerpt(first.e.Time, matchers.DefaultContext, matchers.DefaultContext, func(e probe.Event) bool {
 		switch e.Kind {
-		case probe.KindAttempt:
+		case probe.KindAttempt, probe.KindReply:
 			return marked[attempt{e.Probe, e.Seq}]
 		case probe.KindSent, probe.KindRecv: // a UDP pair's datagram, by its label
 			return marked[attempt{e.Target, e.Seq}]
@@ -147,15 +148,23 @@ func (m *answersAsModelled) Match(actual any) (bool, error) {
 	var wrong []wrongAttempt
 	answered := 0
 	for _, e := range w.Inside() {
-		if e.Kind != probe.KindAttempt || e.Outcome != probe.OK || !slices.Contains(m.probes, e.Probe) {
+		answer := (e.Kind == probe.KindAttempt && e.Outcome == probe.OK) ||
+			(e.Kind == probe.KindReply && (e.Outcome == probe.OK || e.Outcome == probe.WrongReply))
+		if !answer {
+			continue
+		}
+		ok := m.model(e.Probe, e.Time, 0) // a round's hosts share the suite's clock
+		if len(ok) == 0 {
 			continue
 		}
 		answered++
-		ok := m.model(e.Probe, e.Time, 0) // a round's hosts share the suite's clock
-		if len(ok) > 0 && !slices.Contains(ok, e.Backend) {
+		switch {
+		case e.Outcome == probe.WrongReply:
+			wrong = append(wrong, wrongAttempt{e, matchers.KindWrongReply, fmt.Sprintf("answered by %s, but %s", e.Backend, e.Err)})
+		case !slices.Contains(ok, e.Backend):
 			wrong = append(wrong, wrongAttempt{e, matchers.KindWrongBackend,
 				fmt.Sprintf("answered by %s, which the model did not allow then (allowed: %s)", e.Backend, strings.Join(ok, " or "))})
 		}
 	}
-	return m.judge(w, "unmodelled_answers", "answered attempts answered by a backend the model did not allow then", answered, wrong), nil
+	return m.judge(w, "unmodelled_answers", "answers (connections and datagrams) from a backend the model did not allow then", answered, wrong), nil
 }

@@ -14,7 +14,7 @@ import (
 
 // pod-b is the Service's until 2.2 s, and the model gives a change 500 ms.
 func podBLeaves(probeName string, t monotime.Time, slack time.Duration) []string {
-	if probeName != "x" {
+	if probeName != "x" && probeName != "udp-x" {
 		return nil
 	}
 	if t.Add(-500*time.Millisecond-slack) <= at(2200) {
@@ -44,7 +44,7 @@ func answered(until int) timeline.Window {
 
 func TestAnswersAsModelled(t *testing.T) {
 	g := NewWithT(t)
-	m := newAnswersAsModelled(podBLeaves, "x")
+	m := newAnswersAsModelled(podBLeaves)
 	ok, err := m.Match(answered(2700))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(ok).To(BeTrue(), "pod-b answers nothing new after its budget: %s", m.FailureMessage(nil))
@@ -65,4 +65,37 @@ func TestAnswersAsModelled(t *testing.T) {
 
 	_, err = m.Match("a string")
 	g.Expect(err).To(MatchError(ContainSubstring("expected a timeline.Window")))
+}
+
+// A UDP flow's datagrams are judged by their replies: one sent at the reply's Time.
+func TestAnswersAsModelledUDP(t *testing.T) {
+	g := NewWithT(t)
+	tl := timeline.New()
+	tl.RecordAt(at(2200), timeline.StartSent, "node-a")
+	tl.Add(probe.Event{Time: at(400), Kind: probe.KindReady, Probe: "udp-x", Role: probe.RoleUDP})
+	reply := func(seq uint64, ms int, by string, outcome probe.Outcome) {
+		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "udp-x", Seq: seq, Target: "web-udp", Outcome: probe.OK})
+		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindReply, Probe: "udp-x", Seq: seq, End: at(ms + 1), Target: "web-udp", Backend: by, Outcome: outcome})
+	}
+	reply(1, 2000, "pod-b", probe.OK)
+	reply(2, 2600, "pod-b", probe.OK) // within the 500 ms after pod-b left
+	reply(3, 3000, "pod-b", probe.OK) // the flow's conntrack entry kept
+	reply(4, 3500, "pod-a", probe.WrongReply)
+	// Another probe's answers are not the model's.
+	tl.Add(probe.Event{Time: at(3000), Kind: probe.KindAttempt, Probe: "other", Seq: 1, Outcome: probe.OK, Backend: "pod-b"})
+	tl.Add(probe.Event{Time: at(6000), Kind: probe.KindMark, Probe: "udp-x"})
+
+	m := newAnswersAsModelled(podBLeaves)
+	ok, err := m.Match(tl.Window(at(1000), at(5500)))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(ok).To(BeFalse())
+	res := m.Result()
+	g.Expect(res.Kind).To(Equal(matchers.KindWrongBackend))
+	g.Expect(res.Figures[0].Of).To(Equal(4))
+	g.Expect(res.MarksTotal).To(Equal(2))
+	g.Expect(res.Marks[1].Kind).To(Equal(matchers.KindWrongReply))
+	msg := m.FailureMessage(nil)
+	t.Logf("%s", msg)
+	g.Expect(msg).To(ContainSubstring("attempt #3 to web-udp answered by pod-b, which the model did not allow then (allowed: pod-a)"))
+	g.Expect(msg).To(ContainSubstring("<=="))
 }

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/fv/harness"
@@ -66,6 +68,9 @@ func ClaimsOf(info driver.Info) Claims {
 	return c
 }
 
+// udp reports whether info serves UDP Services.
+func udp(info driver.Info) bool { return info.HasFeature(string(conformance.FeatureUDP)) }
+
 // policed reports whether info enforces NetworkPolicy.
 func policed(info driver.Info) bool { return info.HasProfile(string(conformance.Policy)) }
 
@@ -86,7 +91,8 @@ func upgrades(info driver.Info) bool {
 // moves them from and back to; they start in the schedule's Mode. A schedule that
 // switches a node starts with the real kube-proxy there instead; one with policy
 // steps adds the netpol fixture, probed on policyPairs; one with address steps, a
-// Service probed on node 1's spare address.
+// Service probed on node 1's spare address; where info serves UDP, each Service has
+// a UDP twin with flows on it (udpFlows).
 func Spec(s Schedule, info driver.Info) conformance.Spec {
 	sp := conformance.Spec{
 		ID:       fmt.Sprintf("FUZZ-%d-%d", s.Seed, s.Round),
@@ -96,6 +102,10 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 			"every new connection (one every %s on each path) succeeds and is answered by a backend its Service had, within {endpoint-programmed}; "+
 			"no established stream resets or stalls past {stream-max-gap}.", s.Round, s.Seed, len(s.Actions), s.Span().Round(time.Millisecond), s.interval()),
 		Body: func(ctx context.Context, e *conformance.Env) error { return runRound(ctx, e, s) },
+	}
+	if udp(info) {
+		sp.Features = append(sp.Features, conformance.FeatureUDP)
+		sp.Description += fmt.Sprintf(" Each Service has a UDP twin; the client holds a UDP flow (one socket, a datagram every %s) on each twin, and opens %d more on a twin when a ready spare joins its Service: every datagram answered is answered by a backend the Service had, within {udp-repoint}.", udpFlowInterval, udpFlowsPerJoin)
 	}
 	if s.HasPolicies() {
 		sp.Features = append(sp.Features, conformance.FeatureNetworkPolicy)
@@ -133,6 +143,9 @@ type world struct {
 	// addr is node 1's spare address and the Service probed on it, where the
 	// schedule has address steps.
 	addr *address
+	// udp are the Services' UDP twins and the flows on them, where the
+	// implementation claims UDP.
+	udp *udpFlows
 }
 
 func deploy(ctx context.Context, e *conformance.Env, s Schedule) (*world, error) {
@@ -164,6 +177,11 @@ func deploy(ctx context.Context, e *conformance.Env, s Schedule) (*world, error)
 	}
 	if s.HasAddress() {
 		if w.addr, err = deployAddress(ctx, e, core.NodeA, core.Client); err != nil {
+			return nil, err
+		}
+	}
+	if udp(e.Info) {
+		if w.udp, err = deployUDP(ctx, e, core); err != nil {
 			return nil, err
 		}
 	}
@@ -224,7 +242,7 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 	if err := w.validate(s, e.Info); err != nil {
 		return fmt.Errorf("the schedule does not fit the world: %w", err)
 	}
-	var connects, streams []string
+	var streams []string
 	sc := conformance.Scenario{
 		Transition: []conformance.Step{conformance.Do(fmt.Sprintf("run the schedule's %d steps", len(s.Actions)), func(ctx context.Context, e *conformance.Env) error {
 			return w.execute(ctx, e, s)
@@ -232,7 +250,7 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 	}
 	for _, fl := range w.core.ServiceFlows(e.Topo) {
 		c, st := "connect-"+fl.Name, "stream-"+fl.Name
-		connects, streams = append(connects, c), append(streams, st)
+		streams = append(streams, st)
 		w.service[c] = w.serviceOf(fl.Backend)
 		sc.Traffic = append(sc.Traffic,
 			conformance.Traffic{From: fl.From, Probe: probe.Connect{Name: c, Target: fl.Target, Interval: s.interval(), Timeout: e.Budgets.AttemptTimeout}},
@@ -254,8 +272,15 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 	}
 	m := &model{tl: e.World.Timeline().Transitions, budget: e.Budgets.EndpointProgrammed,
 		service: w.service, own: w.own, apps: w.apps, pathNode: w.core.NodeA.Name()}
+	answers := "every answer is from a backend its Service had, within endpoint-programmed"
+	if w.udp != nil {
+		tr, pre := w.udp.traffic(e)
+		sc.Traffic, sc.Preconditions = append(sc.Traffic, tr...), append(sc.Preconditions, pre...)
+		m.flow, m.udpBudget = w.udp.service, e.Budgets.UDPRepoint
+		answers += " (a UDP flow's, within udp-repoint)"
+	}
 	sc.Checks = append(sc.Checks,
-		conformance.Check{Name: "every answer is from a backend its Service had, within endpoint-programmed", Matcher: newAnswersAsModelled(m.allowed, connects...)},
+		conformance.Check{Name: answers, Matcher: newAnswersAsModelled(m.allowed)},
 		conformance.Check{Name: "no established stream reset", Matcher: matchers.HaveNoResets(only)},
 		conformance.Check{Name: "no stream gap over " + gapBudget, Matcher: matchers.HaveStreamGapsWithin(maxGap, only)},
 		conformance.Check{Name: "every stream alive at the end", Matcher: matchers.BeAliveAtEnd(only)},
@@ -301,6 +326,8 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	upgraded := make([]bool, len(w.nodes))
+	// The UDP flows a join opens start while the steps after it run.
+	var flows errgroup.Group
 	do := func(i int) error {
 		a := s.Actions[i]
 		e.Record(EventStep, fmt.Sprintf("%d: %s", i+1, a))
@@ -331,7 +358,11 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 			}
 			return conformance.Start(n).Do(ctx, e)
 		case OpJoin:
-			return w.label(ctx, e, a.Backend, w.apps[a.Service])
+			if err := w.label(ctx, e, a.Backend, w.apps[a.Service]); err != nil || w.udp == nil || a.Backend == unready {
+				return err
+			}
+			flows.Go(func() error { return w.udp.open(ctx, e, i+1, a.Service) })
+			return nil
 		case OpLeave:
 			return w.label(ctx, e, a.Backend, idleApp)
 		case OpPolicy:
@@ -377,10 +408,11 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 		close(q)
 	}
 	wg.Wait()
-	if err := context.Cause(ctx); err != nil && ctx.Err() != nil {
-		return err
+	err := flows.Wait()
+	if cause := context.Cause(ctx); cause != nil && ctx.Err() != nil {
+		return cause
 	}
-	return nil
+	return err
 }
 
 // label sets a spare backend's app label, recording the change first.
@@ -397,12 +429,16 @@ func (w *world) label(ctx context.Context, e *conformance.Env, backend, app stri
 // what it had before, but once that agent is ready it has caught up on what changed
 // meanwhile (RESTART-RECONCILE's rule: nothing to a backend that left, from ready).
 type model struct {
-	tl       func() []timeline.Transition
-	budget   time.Duration
-	service  map[string]string // connect probe -> Service
-	own      map[string]string // Service -> its own backend
-	apps     map[string]string // Service -> its selector's app label
-	pathNode string            // the node whose agent programs every probe's path
+	tl      func() []timeline.Transition
+	budget  time.Duration     // a TCP Service's: endpoint-programmed
+	service map[string]string // connect probe -> Service
+	// flow is the Service of a UDP flow (udpFlows.service), whose budget is
+	// udpBudget (udp-repoint); nil where the round has none.
+	flow      func(probe string) (string, bool)
+	udpBudget time.Duration
+	own       map[string]string // Service -> its own backend
+	apps      map[string]string // Service -> its selector's app label
+	pathNode  string            // the node whose agent programs every probe's path
 
 	once    sync.Once
 	changes map[string][]change // spare -> its label's changes, in time order
@@ -417,21 +453,26 @@ type change struct {
 	app string
 }
 
-// allowed are the backends that may answer an attempt of probe started at t: the
-// Service's own, and every ready spare that was in it at some moment from budget
-// (and slack) before t to slack after, or, while the agent is down, from budget
-// before it went down. A probe of no Service allows any.
+// allowed are the backends that may answer an attempt of probe (a connection or a
+// UDP flow's datagram) started at t: the Service's own, and every ready spare that
+// was in it at some moment from budget (and slack) before t to slack after, or,
+// while the agent is down, from budget before it went down. A probe of no Service
+// allows any.
 func (m *model) allowed(probe string, t monotime.Time, slack time.Duration) []string {
 	m.once.Do(m.build)
-	svc, ok := m.service[probe]
-	if !ok {
+	svc, budget := m.service[probe], m.budget
+	if svc == "" && m.flow != nil {
+		svc, _ = m.flow(probe)
+		budget = m.udpBudget
+	}
+	if svc == "" {
 		return nil
 	}
 	out := []string{m.own[svc]}
-	lo, hi := t.Add(-m.budget-slack), t.Add(slack)
+	lo, hi := t.Add(-budget-slack), t.Add(slack)
 	for _, d := range m.downs {
 		if t >= d.from.Add(-slack) && (d.to == 0 || t <= d.to.Add(slack)) {
-			lo = min(lo, d.from.Add(-m.budget-slack))
+			lo = min(lo, d.from.Add(-budget-slack))
 		}
 	}
 	for _, spare := range Spares {
