@@ -222,13 +222,13 @@ type Claims struct {
 // claims always give the same schedule. The steps' gaps are exponential with a mean
 // of span/n, so some steps fall inside another's window (a crash during a restart
 // of the other node, a backend leaving while the agent is down) and others are far
-// apart; an outage of node 1 has a Service change inside it, an address added is
-// removed seconds later, and so, in half the draws, is a spare that joins. Where the implementation takes nodes over from kube-proxy,
-// about one round in four starts with node 1 (whose agent programs every path) under
-// kube-proxy and switches it at once, so the round's first steps fall inside the
-// hand-over. (Not more: a stream opened through kube-proxy stays in Linux
-// conntrack, so in such a round no stream tests the implementation's own conntrack
-// across a restart.)
+// apart; an outage of node 1 has a Service change (or a new pod) inside it, an
+// address added is removed seconds later, and so, in half the draws, is a spare that
+// joins. Where the implementation takes nodes over from kube-proxy, about one round
+// in four starts with node 1 (whose agent programs every path) under kube-proxy and
+// switches it at once, so the round's first steps fall inside the hand-over. (Not
+// more: a stream opened through kube-proxy stays in Linux conntrack, so in such a
+// round no stream tests the implementation's own conntrack across a restart.)
 func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Schedule {
 	rng := rand.New(rand.NewPCG(seed, uint64(round)))
 	s := Schedule{Seed: seed, Round: round}
@@ -282,10 +282,14 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 			// While node 1's agent, which programs every path, is down, a Service
 			// changes: it must have caught up when it is ready again. A member
 			// leaves if there is one (a backend gone is what a stale datapath
-			// shows), else a spare joins.
+			// shows), else a spare joins. Where policies are claimed, in half the
+			// draws a pod appears instead: it must be policed from the agent's
+			// start, though no program of the agent's saw it created.
 			if a.Node == 1 && slices.Contains(ops, OpJoin) && len(s.Actions)+2 <= n {
 				then = &Action{At: a.At + a.For/2}
-				if members := slices.Sorted(maps.Keys(member)); len(members) > 0 {
+				if len(c.Policies) > 0 && rng.IntN(2) == 0 {
+					then.Op = OpPod
+				} else if members := slices.Sorted(maps.Keys(member)); len(members) > 0 {
 					then.Op, then.Backend = OpLeave, members[rng.IntN(len(members))]
 					delete(member, then.Backend)
 				} else {
