@@ -304,7 +304,25 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 		am := &addressModel{tl: e.World.Timeline().Transitions, budget: e.Budgets.AddressProgrammed, timeout: e.Budgets.AttemptTimeout, node: w.core.NodeA.Name()}
 		sc.Checks = append(sc.Checks, conformance.Check{Name: "the NodePort answers on node 1's spare address from address-programmed after it is added, and not from address-programmed after it is removed", Matcher: newAddressAsModelled(am)})
 	}
+	sc.Settle = max(sc.Settle, e.Budgets.Settle, judgedAfter(e.Budgets, w)+time.Second)
 	return e.Run(ctx, sc)
+}
+
+// judgedAfter is the longest time after a step of w's that the model gives its
+// change to be programmed: a round runs past it, a second at least, or its last
+// step would not be judged at all (settle, 3 s, is shorter than policy-programmed).
+func judgedAfter(b conformance.Budgets, w *world) time.Duration {
+	d := b.EndpointProgrammed
+	if w.udp != nil {
+		d = max(d, b.UDPRepoint)
+	}
+	if w.pol != nil {
+		d = max(d, b.PolicyProgrammed)
+	}
+	if w.addr != nil {
+		d = max(d, b.AddressProgrammed)
+	}
+	return d
 }
 
 // serviceOf is the Service whose own backend is b.
