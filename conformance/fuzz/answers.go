@@ -16,6 +16,10 @@ import (
 // started at t (model.allowed); an empty answer allows any.
 type backendModel func(probe string, t monotime.Time, slack time.Duration) []string
 
+// leavingModel says whether backend may answer an attempt of the named probe that
+// started at t only because it left the Service within its budget (model.leaving).
+type leavingModel func(probe string, t monotime.Time, backend string) bool
+
 // answersAsModelled is the round's check that every new connection and every UDP
 // flow's datagram that was answered was answered by a backend the model allowed
 // then (and a datagram from the address it was sent to): a backend that left a
@@ -23,14 +27,16 @@ type backendModel func(probe string, t monotime.Time, slack time.Duration) []str
 // not yet in it nothing before. It judges the probes the model knows a Service of.
 // Failed attempts are the per-path checks', which also find a blind probe (they run
 // first, on the same window); this one judges only answers. A violation is of kind
-// wrong-backend (or wrong-reply).
+// wrong-backend (or wrong-reply). A reply from the wrong address by a backend that
+// is leaving (a reply that crossed its flow's deletion) is not one.
 type answersAsModelled struct {
-	model backendModel
+	model   backendModel
+	leaving leavingModel
 	modelReport
 }
 
-func newAnswersAsModelled(model backendModel) *answersAsModelled {
-	return &answersAsModelled{model: model, modelReport: modelReport{
+func newAnswersAsModelled(model backendModel, leaving leavingModel) *answersAsModelled {
+	return &answersAsModelled{model: model, leaving: leaving, modelReport: modelReport{
 		expected: "every answer from a backend the model allowed", negated: "an answer from a backend the model did not allow"}}
 }
 
@@ -105,8 +111,8 @@ func (r *modelReport) judge(w timeline.Window, name, text string, judged int, wr
 		switch e.Kind {
 		case probe.KindAttempt, probe.KindReply:
 			return marked[attempt{e.Probe, e.Seq}]
-		case probe.KindSent, probe.KindRecv: // a UDP pair's datagram, by its label
-			return marked[attempt{e.Target, e.Seq}]
+		case probe.KindSent, probe.KindRecv: // a UDP pair's datagram by its label, or a flow's
+			return marked[attempt{e.Target, e.Seq}] || marked[attempt{e.Probe, e.Seq}]
 		}
 		return false
 	}))
@@ -159,6 +165,7 @@ func (m *answersAsModelled) Match(actual any) (bool, error) {
 		}
 		answered++
 		switch {
+		case e.Outcome == probe.WrongReply && m.leaving(e.Probe, e.Time, e.Backend):
 		case e.Outcome == probe.WrongReply:
 			wrong = append(wrong, wrongAttempt{e, matchers.KindWrongReply, fmt.Sprintf("answered by %s, but %s", e.Backend, e.Err)})
 		case !slices.Contains(ok, e.Backend):

@@ -23,6 +23,11 @@ func podBLeaves(probeName string, t monotime.Time, slack time.Duration) []string
 	return []string{"pod-a"}
 }
 
+// pod-b is leaving from 2.2 s to 2.7 s.
+func podBLeaving(probeName string, t monotime.Time, backend string) bool {
+	return backend == "pod-b" && t > at(2200) && t <= at(2700)
+}
+
 // answered is a window from 1 s to 5.5 s of attempts every 2 ms from 500 ms to 6 s,
 // pod-b answering every other one until until (ms), pod-a the rest.
 func answered(until int) timeline.Window {
@@ -44,7 +49,7 @@ func answered(until int) timeline.Window {
 
 func TestAnswersAsModelled(t *testing.T) {
 	g := NewWithT(t)
-	m := newAnswersAsModelled(podBLeaves)
+	m := newAnswersAsModelled(podBLeaves, podBLeaving)
 	ok, err := m.Match(answered(2700))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(ok).To(BeTrue(), "pod-b answers nothing new after its budget: %s", m.FailureMessage(nil))
@@ -78,24 +83,70 @@ func TestAnswersAsModelledUDP(t *testing.T) {
 		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindReply, Probe: "udp-x", Seq: seq, End: at(ms + 1), Target: "web-udp", Backend: by, Outcome: outcome})
 	}
 	reply(1, 2000, "pod-b", probe.OK)
-	reply(2, 2600, "pod-b", probe.OK) // within the 500 ms after pod-b left
-	reply(3, 3000, "pod-b", probe.OK) // the flow's conntrack entry kept
-	reply(4, 3500, "pod-a", probe.WrongReply)
+	reply(2, 2600, "pod-b", probe.OK)         // within the 500 ms after pod-b left
+	reply(3, 2400, "pod-b", probe.WrongReply) // it crossed the flow's deletion
+	reply(4, 3000, "pod-b", probe.OK)         // the flow's conntrack entry kept
+	reply(5, 3500, "pod-a", probe.WrongReply)
 	// Another probe's answers are not the model's.
 	tl.Add(probe.Event{Time: at(3000), Kind: probe.KindAttempt, Probe: "other", Seq: 1, Outcome: probe.OK, Backend: "pod-b"})
 	tl.Add(probe.Event{Time: at(6000), Kind: probe.KindMark, Probe: "udp-x"})
 
-	m := newAnswersAsModelled(podBLeaves)
+	m := newAnswersAsModelled(podBLeaves, podBLeaving)
 	ok, err := m.Match(tl.Window(at(1000), at(5500)))
 	g.Expect(err).NotTo(HaveOccurred())
 	g.Expect(ok).To(BeFalse())
 	res := m.Result()
 	g.Expect(res.Kind).To(Equal(matchers.KindWrongBackend))
-	g.Expect(res.Figures[0].Of).To(Equal(4))
+	g.Expect(res.Figures[0].Of).To(Equal(5))
 	g.Expect(res.MarksTotal).To(Equal(2))
 	g.Expect(res.Marks[1].Kind).To(Equal(matchers.KindWrongReply))
 	msg := m.FailureMessage(nil)
 	t.Logf("%s", msg)
-	g.Expect(msg).To(ContainSubstring("attempt #3 to web-udp answered by pod-b, which the model did not allow then (allowed: pod-a)"))
+	g.Expect(msg).To(ContainSubstring("attempt #4 to web-udp answered by pod-b, which the model did not allow then (allowed: pod-a)"))
 	g.Expect(msg).To(ContainSubstring("<=="))
+}
+
+// A UDP flow answered every 20 ms but for a run of datagrams: a run of 150 ms passes
+// a 200 ms budget, one of 300 ms does not, and a run at the window's end counts to
+// the flow's last datagram.
+func TestFlowGaps(t *testing.T) {
+	g := NewWithT(t)
+	window := func(lost func(ms int) bool) timeline.Window {
+		tl := timeline.New()
+		tl.RecordAt(at(2000), timeline.StartSent, "node-a")
+		tl.Add(probe.Event{Time: at(400), Kind: probe.KindReady, Probe: "udp-x", Role: probe.RoleUDP})
+		seq := uint64(0)
+		for ms := 500; ms < 6000; ms += 20 {
+			seq++
+			tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "udp-x", Seq: seq, Target: "web-udp", Outcome: probe.OK})
+			if !lost(ms) {
+				tl.Add(probe.Event{Time: at(ms), Kind: probe.KindReply, Probe: "udp-x", Seq: seq, End: at(ms + 1), Target: "web-udp", Backend: "pod-a", Outcome: probe.OK})
+			}
+		}
+		// Another probe's datagrams are not a flow's.
+		tl.Add(probe.Event{Time: at(3000), Kind: probe.KindSent, Probe: "other", Seq: 1, Outcome: probe.OK})
+		tl.Add(probe.Event{Time: at(6000), Kind: probe.KindMark, Probe: "udp-x"})
+		return tl.Window(at(1000), at(5500))
+	}
+	flow := func(p string) (string, bool) { return "web", p == "udp-x" }
+	m := newFlowGaps(flow, 200*time.Millisecond, "stream-max-gap")
+
+	ok, err := m.Match(window(func(ms int) bool { return ms > 2000 && ms < 2150 }))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(ok).To(BeTrue(), m.FailureMessage(nil))
+	g.Expect(m.Result().Figures[0].Of).To(Equal(226))
+
+	ok, _ = m.Match(window(func(ms int) bool { return ms > 2000 && ms < 2300 }))
+	g.Expect(ok).To(BeFalse())
+	res := m.Result()
+	g.Expect(res.Kind).To(Equal(matchers.KindGap))
+	g.Expect(res.MarksTotal).To(Equal(14)) // 2020 to 2280 ms
+	msg := m.FailureMessage(nil)
+	t.Logf("%s", msg)
+	g.Expect(msg).To(ContainSubstring("unanswered, one of 14 in a row: the flow had no answer for 300ms (budget 200ms)"))
+	g.Expect(msg).To(ContainSubstring("<=="))
+
+	ok, _ = m.Match(window(func(ms int) bool { return ms > 5200 }))
+	g.Expect(ok).To(BeFalse(), "unanswered from 5.2 s to the window's end")
+	g.Expect(m.Result().MarksTotal).To(Equal(15)) // 5220 to 5500 ms
 }

@@ -105,7 +105,7 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 	}
 	if udp(info) {
 		sp.Features = append(sp.Features, conformance.FeatureUDP)
-		sp.Description += fmt.Sprintf(" Each Service has a UDP twin; the client holds a UDP flow (one socket, a datagram every %s) on each twin, and opens %d more on a twin when a ready spare joins its Service: every datagram answered is answered by a backend the Service had, within {udp-repoint}.", udpFlowInterval, udpFlowsPerJoin)
+		sp.Description += fmt.Sprintf(" Each Service has a UDP twin; the client holds a UDP flow (one socket, a datagram every %s) on each twin, and opens %d more on a twin when a ready spare joins its Service: every datagram answered is answered by a backend the Service had, within {udp-repoint}, and no flow goes unanswered for longer than a stream may stall.", udpFlowInterval, udpFlowsPerJoin)
 	}
 	if s.HasPolicies() {
 		sp.Features = append(sp.Features, conformance.FeatureNetworkPolicy)
@@ -280,11 +280,14 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 		answers += " (a UDP flow's, within udp-repoint)"
 	}
 	sc.Checks = append(sc.Checks,
-		conformance.Check{Name: answers, Matcher: newAnswersAsModelled(m.allowed)},
+		conformance.Check{Name: answers, Matcher: newAnswersAsModelled(m.allowed, m.leaving)},
 		conformance.Check{Name: "no established stream reset", Matcher: matchers.HaveNoResets(only)},
 		conformance.Check{Name: "no stream gap over " + gapBudget, Matcher: matchers.HaveStreamGapsWithin(maxGap, only)},
 		conformance.Check{Name: "every stream alive at the end", Matcher: matchers.BeAliveAtEnd(only)},
 	)
+	if w.udp != nil {
+		sc.Checks = append(sc.Checks, conformance.Check{Name: "no UDP flow unanswered for longer than " + gapBudget, Matcher: newFlowGaps(w.udp.service, maxGap, gapBudget)})
+	}
 	if handover != nil {
 		sc.Checks = append(sc.Checks, handover.After())
 	}
@@ -499,6 +502,19 @@ func (m *model) allowed(probe string, t monotime.Time, slack time.Duration) []st
 		}
 	}
 	return out
+}
+
+// leaving reports whether backend may answer an attempt of probe started at t only
+// because it left the Service within the budget before t: a reply of its to a
+// UDP flow may then cross the deletion of the flow's conntrack entry and arrive
+// not translated back, from the backend's own address (as it does from Linux
+// conntrack), since the spares go on serving after they leave.
+func (m *model) leaving(probe string, t monotime.Time, backend string) bool {
+	svc, ok := m.service[probe]
+	if !ok && m.flow != nil {
+		svc, ok = m.flow(probe)
+	}
+	return ok && slices.Contains(m.allowed(probe, t, 0), backend) && backend != m.own[svc] && !m.inDuring(backend, m.apps[svc], t, t)
 }
 
 func (m *model) build() {

@@ -215,6 +215,13 @@ func TestModel(t *testing.T) {
 	} {
 		g.Expect(m.allowed(c.probe, at(c.ms), c.slack)).To(Equal(c.want), "%s at %d ms", c.probe, c.ms)
 	}
+	// spare-a left web-local at 3 s: leaving within the budget, not before or after;
+	// the Service's own backend never is.
+	g.Expect(m.leaving("c-local", at(2900), "spare-a")).To(BeFalse())
+	g.Expect(m.leaving("c-local", at(3500), "spare-a")).To(BeTrue())
+	g.Expect(m.leaving("c-local", at(4100), "spare-a")).To(BeFalse())
+	g.Expect(m.leaving("c-local", at(3500), "web-local")).To(BeFalse())
+	g.Expect(m.leaving("other", at(3500), "spare-a")).To(BeFalse())
 }
 
 func writeFile(path, text string) error { return os.WriteFile(path, []byte(text), 0o644) }

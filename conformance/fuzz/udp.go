@@ -1,8 +1,11 @@
 package fuzz
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -112,4 +115,80 @@ func (u *udpFlows) service(flow string) (string, bool) {
 	defer u.mu.Unlock()
 	svc, ok := u.of[flow]
 	return svc, ok
+}
+
+// flowGaps is the round's check that no UDP flow goes unanswered for longer than
+// limit, measured as a stream's gap is: from a datagram that was answered to the
+// next one that was (or to the flow's last datagram in the window, if none after
+// it was). Every backend a flow may reach serves throughout, and a datapath that
+// moves a flow picks a backend for its next datagram, so its loss is the
+// datapath's. A violation is of kind gap; its datagrams are those of the run.
+type flowGaps struct {
+	flow  func(probe string) (string, bool)
+	limit time.Duration
+	name  string // the limit's budget
+	modelReport
+}
+
+func newFlowGaps(flow func(string) (string, bool), limit time.Duration, name string) *flowGaps {
+	return &flowGaps{flow: flow, limit: limit, name: name, modelReport: modelReport{
+		expected: "every UDP flow answered within " + name, negated: "a UDP flow unanswered for longer than " + name}}
+}
+
+// WithDefaults keeps the matcher as it is, as answersAsModelled does.
+func (m *flowGaps) WithDefaults(...matchers.Option) matchers.Matcher { return m }
+
+func (m *flowGaps) Match(actual any) (bool, error) {
+	w, err := m.window(actual)
+	if err != nil {
+		return false, err
+	}
+	sent := map[string][]probe.Event{} // flow -> its datagrams, in the order sent
+	answered := map[string]map[uint64]bool{}
+	for _, e := range w.Inside() {
+		if _, ok := m.flow(e.Probe); !ok {
+			continue
+		}
+		switch e.Kind {
+		case probe.KindSent:
+			sent[e.Probe] = append(sent[e.Probe], e)
+		case probe.KindReply:
+			if answered[e.Probe] == nil {
+				answered[e.Probe] = map[uint64]bool{}
+			}
+			answered[e.Probe][e.Seq] = true
+		}
+	}
+	var wrong []wrongAttempt
+	judged := 0
+	for _, flow := range slices.Sorted(maps.Keys(sent)) {
+		ds := sent[flow]
+		judged += len(ds)
+		last := -1 // the last answered datagram
+		for i := 0; i <= len(ds); i++ {
+			if i < len(ds) && !answered[flow][ds[i].Seq] {
+				continue
+			}
+			// ds[last+1:i] went unanswered, from ds[last] (or the flow's first
+			// datagram in the window) to ds[i] (or its last).
+			if i-last > 1 {
+				from, to := ds[0].Time, ds[len(ds)-1].Time
+				if last >= 0 {
+					from = ds[last].Time
+				}
+				if i < len(ds) {
+					to = ds[i].Time
+				}
+				if gap := to.Sub(from); gap > m.limit {
+					why := fmt.Sprintf("unanswered, one of %d in a row: the flow had no answer for %s (budget %s)", i-last-1, gap.Round(time.Millisecond), m.limit)
+					for _, d := range ds[last+1 : i] {
+						wrong = append(wrong, wrongAttempt{d, matchers.KindGap, why})
+					}
+				}
+			}
+			last = i
+		}
+	}
+	slices.SortStableFunc(wrong, func(a, b wrongAttempt) int { return cmp.Compare(a.e.Time, b.e.Time) })
+	return m.judge(w, "unanswered_flow_datagrams", "UDP flows' datagrams in a run unanswered for longer than "+m.name, judged, wrong), nil
 }
