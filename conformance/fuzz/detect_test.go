@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -33,7 +34,8 @@ const (
 // shrank to, and the specs that name the fault. A fault it does not find is a line
 // too: what the schedules cannot yet compose. A fault that only specs of profiles
 // whose steps the fuzzer does not draw (not in fuzz.Profiles) name is listed as
-// such, not fuzzed.
+// such, not fuzzed. Each fault's rounds (reports, timelines, diagnostics) are
+// written to fuzz-detect/<fault> beside the table.
 func TestDetection(t *testing.T) {
 	out := os.Getenv(envDetect)
 	if out == "" {
@@ -59,7 +61,9 @@ func TestDetection(t *testing.T) {
 			lines = append(lines, strings.Join([]string{name, "-", "-", "-", "-", "-", strings.Join(naming(name), " "), why}, "\t"))
 			continue
 		}
-		r := runner(t, ctx, bins, pool, name)
+		// Each fault's rounds keep their evidence beside the table: a finding
+		// that shrinking does not reproduce is read from its round's timeline.
+		r := runnerTo(t, ctx, bins, pool, name, filepath.Join(filepath.Dir(out), "fuzz-detect", name))
 		start := time.Now()
 		run, err := fuzz.Fuzz(ctx, r, fuzz.Options{Seed: seed, Rounds: rounds, Shrink: true, Replays: 1, Logf: t.Logf})
 		if err != nil {

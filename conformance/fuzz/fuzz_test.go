@@ -24,8 +24,14 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// runner is a Runner of the reference with faults on (DPC_REFDP_FAULTS).
+// runner is a Runner of the reference with faults on (DPC_REFDP_FAULTS), writing its
+// rounds' reports, timelines and diagnostics to the test's temporary directory.
 func runner(t *testing.T, ctx context.Context, bins map[string]string, pool *netns.ControlPlanes, faults string) *conformance.Runner {
+	return runnerTo(t, ctx, bins, pool, faults, filepath.Join(t.TempDir(), "out"))
+}
+
+// runnerTo is runner writing to dir.
+func runnerTo(t *testing.T, ctx context.Context, bins map[string]string, pool *netns.ControlPlanes, faults, dir string) *conformance.Runner {
 	t.Helper()
 	var env []string
 	if faults != "" {
@@ -40,7 +46,7 @@ func runner(t *testing.T, ctx context.Context, bins map[string]string, pool *net
 		t.Fatal(err)
 	}
 	r, err := conformance.NewRunner(ctx, conformance.Config{Driver: d, Probe: prog, ControlPlanes: pool,
-		OutputDir: filepath.Join(t.TempDir(), "out"), Logf: t.Logf})
+		OutputDir: dir, Logf: t.Logf})
 	if err != nil {
 		t.Fatal(err)
 	}
