@@ -481,12 +481,8 @@ type change struct {
 // allows any.
 func (m *model) allowed(probe string, t monotime.Time, slack time.Duration) []string {
 	m.once.Do(m.build)
-	svc, budget := m.service[probe], m.budget
-	if svc == "" && m.flow != nil {
-		svc, _ = m.flow(probe)
-		budget = m.udpBudget
-	}
-	if svc == "" {
+	svc, budget, ok := m.serviceOf(probe)
+	if !ok {
 		return nil
 	}
 	out := []string{m.own[svc]}
@@ -510,11 +506,23 @@ func (m *model) allowed(probe string, t monotime.Time, slack time.Duration) []st
 // not translated back, from the backend's own address (as it does from Linux
 // conntrack), since the spares go on serving after they leave.
 func (m *model) leaving(probe string, t monotime.Time, backend string) bool {
-	svc, ok := m.service[probe]
-	if !ok && m.flow != nil {
-		svc, ok = m.flow(probe)
-	}
+	svc, _, ok := m.serviceOf(probe)
 	return ok && slices.Contains(m.allowed(probe, t, 0), backend) && backend != m.own[svc] && !m.inDuring(backend, m.apps[svc], t, t)
+}
+
+// serviceOf is the Service probe reaches (a connect probe's, or the one whose UDP
+// twin a flow sends to) and the budget a change of its endpoints has; ok is false
+// for a probe of no Service.
+func (m *model) serviceOf(probe string) (svc string, budget time.Duration, ok bool) {
+	if svc := m.service[probe]; svc != "" {
+		return svc, m.budget, true
+	}
+	if m.flow != nil {
+		if svc, _ := m.flow(probe); svc != "" {
+			return svc, m.udpBudget, true
+		}
+	}
+	return "", 0, false
 }
 
 func (m *model) build() {
