@@ -66,9 +66,6 @@ func deployUDP(ctx context.Context, e *conformance.Env, core *workloads.Core) (*
 
 // flow is the probe of flow name on svc's twin.
 func (u *udpFlows) flow(e *conformance.Env, name, svc string) probe.UDP {
-	u.mu.Lock()
-	u.of[name] = svc
-	u.mu.Unlock()
 	return probe.UDP{Name: name, To: []probe.Destination{{Label: udpTwin(svc), Addr: u.twins[svc].ClusterIPAddr()}},
 		Interval: udpFlowInterval, Replies: true, Timeout: e.Budgets.AttemptTimeout}
 }
@@ -84,6 +81,7 @@ func (u *udpFlows) traffic(e *conformance.Env) ([]conformance.Traffic, []conform
 	var names []string
 	for _, svc := range Services {
 		name := startFlow(svc)
+		u.register(name, svc)
 		tr = append(tr, conformance.Traffic{From: u.client, Probe: u.flow(e, name, svc)})
 		names = append(names, name)
 	}
@@ -99,6 +97,7 @@ func (u *udpFlows) open(ctx context.Context, e *conformance.Env, step int, svc s
 			return nil
 		}
 		name := fmt.Sprintf("udp-%d-%d", step, k+1)
+		u.register(name, svc)
 		if _, err := e.World.StartProbe(ctx, u.client, u.flow(e, name, svc)); err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -107,6 +106,13 @@ func (u *udpFlows) open(ctx context.Context, e *conformance.Env, step int, svc s
 		}
 	}
 	return nil
+}
+
+// register records that flow sends to svc's twin, before its first datagram.
+func (u *udpFlows) register(flow, svc string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.of[flow] = svc
 }
 
 // service is the Service whose twin flow sends to.
