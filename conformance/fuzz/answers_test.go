@@ -28,12 +28,28 @@ func podBLeaving(probeName string, t monotime.Time, backend string) bool {
 	return backend == "pod-b" && t > at(2200) && t <= at(2700)
 }
 
+// probeTimeline is a timeline with start-sent at startSent (ms) and probe name, of
+// role, ready at 400 ms.
+func probeTimeline(startSent int, name string, role probe.Role) *timeline.Timeline {
+	tl := timeline.New()
+	tl.RecordAt(at(startSent), timeline.StartSent, "node-a")
+	tl.Add(probe.Event{Time: at(400), Kind: probe.KindReady, Probe: name, Role: role})
+	return tl
+}
+
+// udpDatagram adds to tl datagram seq of flow udp-x to web-udp, sent at ms and
+// answered a millisecond later by by with outcome (no reply if by is empty).
+func udpDatagram(tl *timeline.Timeline, seq uint64, ms int, by string, outcome probe.Outcome) {
+	tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "udp-x", Seq: seq, Target: "web-udp", Outcome: probe.OK})
+	if by != "" {
+		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindReply, Probe: "udp-x", Seq: seq, End: at(ms + 1), Target: "web-udp", Backend: by, Outcome: outcome})
+	}
+}
+
 // answered is a window from 1 s to 5.5 s of attempts every 2 ms from 500 ms to 6 s,
 // pod-b answering every other one until until (ms), pod-a the rest.
 func answered(until int) timeline.Window {
-	tl := timeline.New()
-	tl.RecordAt(at(2200), timeline.StartSent, "node-a")
-	tl.Add(probe.Event{Time: at(400), Kind: probe.KindReady, Probe: "x", Role: probe.RoleConnect})
+	tl := probeTimeline(2200, "x", probe.RoleConnect)
 	seq := uint64(0)
 	for ms := 500; ms < 6000; ms += 2 {
 		seq++
@@ -75,18 +91,12 @@ func TestAnswersAsModelled(t *testing.T) {
 // A UDP flow's datagrams are judged by their replies: one sent at the reply's Time.
 func TestAnswersAsModelledUDP(t *testing.T) {
 	g := NewWithT(t)
-	tl := timeline.New()
-	tl.RecordAt(at(2200), timeline.StartSent, "node-a")
-	tl.Add(probe.Event{Time: at(400), Kind: probe.KindReady, Probe: "udp-x", Role: probe.RoleUDP})
-	reply := func(seq uint64, ms int, by string, outcome probe.Outcome) {
-		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "udp-x", Seq: seq, Target: "web-udp", Outcome: probe.OK})
-		tl.Add(probe.Event{Time: at(ms), Kind: probe.KindReply, Probe: "udp-x", Seq: seq, End: at(ms + 1), Target: "web-udp", Backend: by, Outcome: outcome})
-	}
-	reply(1, 2000, "pod-b", probe.OK)
-	reply(2, 2600, "pod-b", probe.OK)         // within the 500 ms after pod-b left
-	reply(3, 2400, "pod-b", probe.WrongReply) // it crossed the flow's deletion
-	reply(4, 3000, "pod-b", probe.OK)         // the flow's conntrack entry kept
-	reply(5, 3500, "pod-a", probe.WrongReply)
+	tl := probeTimeline(2200, "udp-x", probe.RoleUDP)
+	udpDatagram(tl, 1, 2000, "pod-b", probe.OK)
+	udpDatagram(tl, 2, 2600, "pod-b", probe.OK)         // within the 500 ms after pod-b left
+	udpDatagram(tl, 3, 2400, "pod-b", probe.WrongReply) // it crossed the flow's deletion
+	udpDatagram(tl, 4, 3000, "pod-b", probe.OK)         // the flow's conntrack entry kept
+	udpDatagram(tl, 5, 3500, "pod-a", probe.WrongReply)
 	// Another probe's answers are not the model's.
 	tl.Add(probe.Event{Time: at(3000), Kind: probe.KindAttempt, Probe: "other", Seq: 1, Outcome: probe.OK, Backend: "pod-b"})
 	tl.Add(probe.Event{Time: at(6000), Kind: probe.KindMark, Probe: "udp-x"})
@@ -112,16 +122,15 @@ func TestAnswersAsModelledUDP(t *testing.T) {
 func TestFlowGaps(t *testing.T) {
 	g := NewWithT(t)
 	window := func(lost func(ms int) bool) timeline.Window {
-		tl := timeline.New()
-		tl.RecordAt(at(2000), timeline.StartSent, "node-a")
-		tl.Add(probe.Event{Time: at(400), Kind: probe.KindReady, Probe: "udp-x", Role: probe.RoleUDP})
+		tl := probeTimeline(2000, "udp-x", probe.RoleUDP)
 		seq := uint64(0)
 		for ms := 500; ms < 6000; ms += 20 {
 			seq++
-			tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "udp-x", Seq: seq, Target: "web-udp", Outcome: probe.OK})
-			if !lost(ms) {
-				tl.Add(probe.Event{Time: at(ms), Kind: probe.KindReply, Probe: "udp-x", Seq: seq, End: at(ms + 1), Target: "web-udp", Backend: "pod-a", Outcome: probe.OK})
+			by := "pod-a"
+			if lost(ms) {
+				by = ""
 			}
+			udpDatagram(tl, seq, ms, by, probe.OK)
 		}
 		// Another probe's datagrams are not a flow's.
 		tl.Add(probe.Event{Time: at(3000), Kind: probe.KindSent, Probe: "other", Seq: 1, Outcome: probe.OK})
