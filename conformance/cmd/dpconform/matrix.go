@@ -20,7 +20,7 @@ import (
 func matrix(args []string) error {
 	fs := flag.NewFlagSet("matrix", flag.ExitOnError)
 	write := fs.Bool("write", false, "write LEDGER/README.md and the generated blocks of --readme (make docs)")
-	readme := fs.String("readme", "README.md", "the README whose generated blocks --write updates")
+	readme := fs.String("readme", "README.md", "the README whose generated headline --write updates")
 	var beside multiFlag
 	fs.Var(&beside, "beside", "a run's output directory (its report.yaml) to set beside the ledger's runs; repeatable")
 	fs.Parse(args)
