@@ -105,8 +105,8 @@ func birthPairs() []policyPair {
 	return out
 }
 
-// newPodPairs are the pairs of a pod that appears (OpPod): x/new-N, labelled pod=b
-// as x/b, on node 1, whose connections open from its first packet (topologies'
+// newPodPairs are the pairs of a pod that appears (OpPod): x/new-N, labelled as
+// x/a or x/b, on node 1, whose connections open from its first packet (topologies'
 // OnWired, before the API knows its address), to x/a (which cases isolate and admit
 // pod b or namespace x to), y/b and z/c (egress cases), and into it from z/c and
 // y/a. "new" stands for the pod.
@@ -154,12 +154,12 @@ func deployPolicies(ctx context.Context, e *conformance.Env) (*policies, error) 
 	return p, nil
 }
 
-// addPod adds the new pod name (OpPod) on node, starting its server and its pairs'
-// probes as soon as it is wired.
-func (p *policies) addPod(ctx context.Context, e *conformance.Env, name string, node topologies.Node) error {
+// addPod adds the new pod name (OpPod), labelled as x/like, on node, starting its
+// server and its pairs' probes as soon as it is wired.
+func (p *policies) addPod(ctx context.Context, e *conformance.Env, name, like string, node topologies.Node) error {
 	id := "x/" + name
 	spec := workloads.NetpolPodSpec("x", name, node.Name())
-	spec.Labels = map[string]string{workloads.PodLabel: "b"}
+	spec.Labels = map[string]string{workloads.PodLabel: like}
 	spec.OnWired = func(ctx context.Context, pod topologies.Pod) error {
 		p.mu.Lock()
 		ports := p.cluster.Pods[0].Ports

@@ -226,6 +226,9 @@ func (w *world) validate(s Schedule, info driver.Info) error {
 			if a.Op == OpPolicy && !slices.Contains(PolicyCases(), a.Case) {
 				bad("no policy case %q (the cases are POLICY-TRUTH-TABLE's)", a.Case)
 			}
+			if a.Op == OpPod && !slices.Contains(PodLikes, a.like()) {
+				bad("a pod like %q (a new pod is like x/%s)", a.Like, strings.Join(PodLikes, " or x/"))
+			}
 		case OpAddAddress, OpRemoveAddress:
 		default:
 			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, switch, policy, pod, add-address, remove-address)", a.Op)
@@ -389,7 +392,7 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 		case OpPolicy:
 			return w.pol.put(ctx, e, a.Case)
 		case OpPod:
-			return w.pol.addPod(ctx, e, fmt.Sprintf("new-%d", i+1), w.nodes[0])
+			return w.pol.addPod(ctx, e, fmt.Sprintf("new-%d", i+1), a.like(), w.nodes[0])
 		case OpAddAddress, OpRemoveAddress:
 			return w.addr.set(ctx, e, a.Op == OpAddAddress)
 		}

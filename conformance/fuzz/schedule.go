@@ -49,8 +49,8 @@ const (
 	// in the netpol fixture (a round with one deploys it): the others deleted, those
 	// of the same name updated in place.
 	OpPolicy Op = "policy"
-	// OpPod adds a pod to the netpol fixture (x/new-N, N the step's number,
-	// labelled pod=b, on node 1), its connections open from its first packet.
+	// OpPod adds a pod to the netpol fixture (x/new-N, N the step's number, on
+	// node 1, labelled as Like is), its connections open from its first packet.
 	OpPod Op = "pod"
 	// OpAddAddress adds node 1's spare address to its interface, where a NodePort
 	// must then answer (NODE-ADDRESS-CHANGE's transition, in two steps).
@@ -93,7 +93,19 @@ type Action struct {
 	Backend string `json:"backend,omitempty"` // OpJoin, OpLeave: a spare backend
 	Service string `json:"service,omitempty"` // OpJoin
 	Case    string `json:"case,omitempty"`    // OpPolicy
+	// Like is the pod of namespace x whose label the new pod has (OpPod): "a"
+	// or "b" (pod=a or pod=b), b where empty.
+	Like string `json:"like,omitempty"`
 }
+
+// PodLikes are the pods of namespace x a new pod may be labelled as: x/a, which
+// most of the truth table's cases select (so a pod like it appears isolated, its
+// first packets denied or admitted as the policy in force says), and x/b, which
+// some admit as a peer.
+var PodLikes = []string{"a", "b"}
+
+// like is the label a new pod of a has.
+func (a Action) like() string { return cmp.Or(a.Like, "b") }
 
 // String is the action for people, e.g. "+1.250s crash node 1".
 func (a Action) String() string {
@@ -110,7 +122,7 @@ func (a Action) String() string {
 	case OpPolicy:
 		return fmt.Sprintf("%s policies: %s", at, a.Case)
 	case OpPod:
-		return fmt.Sprintf("%s a pod appears", at)
+		return fmt.Sprintf("%s a pod like x/%s appears", at, a.like())
 	case OpAddAddress:
 		return fmt.Sprintf("%s add node 1's spare address", at)
 	case OpRemoveAddress:
@@ -204,6 +216,9 @@ func (s Schedule) Span() time.Duration {
 	return time.Duration(s.Actions[len(s.Actions)-1].At)
 }
 
+// podLikeStream sets the stream of new pods' labels apart from a round's own.
+const podLikeStream = 1 << 63
+
 // Claims are what a schedule may draw on: the implementation's nodes, spare
 // backends and Services, whether it offers versions to upgrade between and takes a
 // node over from kube-proxy, the policy cases it may put in force (none where
@@ -231,6 +246,9 @@ type Claims struct {
 // round no stream tests the implementation's own conntrack across a restart.)
 func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Schedule {
 	rng := rand.New(rand.NewPCG(seed, uint64(round)))
+	// A new pod's label is drawn from a stream of its own, so that a seed's steps
+	// and times are what they were before pods had one.
+	likes := rand.New(rand.NewPCG(seed, uint64(round)^podLikeStream))
 	s := Schedule{Seed: seed, Round: round}
 	member := map[string]string{} // spare -> the Service it is labelled into
 	ops := []Op{OpRestart, OpRestart, OpCrash, OpCrash, OpOutage, OpOutage, OpJoin, OpJoin, OpJoin}
@@ -323,6 +341,11 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 		}
 	}
 	slices.SortStableFunc(s.Actions, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
+	for i := range s.Actions {
+		if s.Actions[i].Op == OpPod {
+			s.Actions[i].Like = PodLikes[likes.IntN(len(PodLikes))]
+		}
+	}
 	// A step drawn after an outage's inner one may fall due before it: in the order
 	// they are due, a spare leaves only a Service it is in. (An address is added only
 	// once the one before is removed, so those are in order as drawn.)
