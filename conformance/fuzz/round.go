@@ -59,14 +59,31 @@ var Services = []string{"web-local", "web-remote"}
 // specs name are the ones fuzzing should find.
 var Profiles = []conformance.Profile{conformance.Core, conformance.Upgrade, conformance.ModeSwitch, conformance.Policy}
 
-// ClaimsOf are the claims a schedule for info may draw on.
+// ClaimsOf are the claims a schedule for info may draw on. An implementation of
+// NetworkPolicy alone (no Core) has a world of the netpol fixture only: no Service
+// to join or to serve on an address, nothing to take over from kube-proxy.
 func ClaimsOf(info driver.Info) Claims {
-	c := Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: upgrades(info), Switch: switches(info), Address: true}
+	c := Claims{Nodes: 2, Upgrade: upgrades(info)}
+	if serviced(info) {
+		c.Spares, c.Services, c.Switch, c.Address = Spares, Services, switches(info), true
+	}
 	if policed(info) {
 		c.Policies = PolicyCases()
 	}
 	return c
 }
+
+// Fuzzable reports why info cannot be fuzzed, or nil: a round's world is made of the
+// Core profile's Services or the Policy profile's netpol fixture.
+func Fuzzable(info driver.Info) error {
+	if !serviced(info) && !policed(info) {
+		return fmt.Errorf("%s claims neither %s nor %s, whose Services or NetworkPolicies a fuzz round is made of", info.Name, conformance.Core, conformance.Policy)
+	}
+	return nil
+}
+
+// serviced reports whether info serves Services (claims Core).
+func serviced(info driver.Info) bool { return info.HasProfile(string(conformance.Core)) }
 
 // udp reports whether info serves UDP Services.
 func udp(info driver.Info) bool { return info.HasFeature(string(conformance.FeatureUDP)) }
@@ -74,8 +91,11 @@ func udp(info driver.Info) bool { return info.HasFeature(string(conformance.Feat
 // policed reports whether info enforces NetworkPolicy.
 func policed(info driver.Info) bool { return info.HasProfile(string(conformance.Policy)) }
 
-// switches reports whether info takes a node over from kube-proxy.
-func switches(info driver.Info) bool { return info.HasProfile(string(conformance.ModeSwitch)) }
+// switches reports whether info takes a node over from kube-proxy (a hand-over
+// judged on the Core fixture's Services).
+func switches(info driver.Info) bool {
+	return serviced(info) && info.HasProfile(string(conformance.ModeSwitch))
+}
 
 // upgrades reports whether info offers a version to upgrade to from the one before.
 func upgrades(info driver.Info) bool {
@@ -92,22 +112,29 @@ func upgrades(info driver.Info) bool {
 // switches a node starts with the real kube-proxy there instead; one with policy
 // steps adds the netpol fixture, probed on policyPairs; one with address steps, a
 // Service probed on node 1's spare address; where info serves UDP, each Service has
-// a UDP twin with flows on it (udpFlows).
+// a UDP twin with flows on it (udpFlows). Where info claims Policy but not Core, the
+// world is the netpol fixture alone, and its rounds judge the policies.
 func Spec(s Schedule, info driver.Info) conformance.Spec {
 	sp := conformance.Spec{
-		ID:       fmt.Sprintf("FUZZ-%d-%d", s.Seed, s.Round),
-		Profile:  conformance.Core,
-		Features: []conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort, conformance.FeatureNodePortRemoteBackend},
-		Description: fmt.Sprintf("Round %d of seed %d: %d steps drawn at random over %s, judged from a model of the Services: "+
-			"every new connection (one every %s on each path) succeeds and is answered by a backend its Service had, within {endpoint-programmed}; "+
-			"no established stream resets or stalls past {stream-max-gap}.", s.Round, s.Seed, len(s.Actions), s.Span().Round(time.Millisecond), s.interval()),
-		Body: func(ctx context.Context, e *conformance.Env) error { return runRound(ctx, e, s) },
+		ID:          fmt.Sprintf("FUZZ-%d-%d", s.Seed, s.Round),
+		Description: fmt.Sprintf("Round %d of seed %d: %d steps drawn at random over %s", s.Round, s.Seed, len(s.Actions), s.Span().Round(time.Millisecond)),
+		Body:        func(ctx context.Context, e *conformance.Env) error { return runRound(ctx, e, s) },
 	}
-	if udp(info) {
+	if serviced(info) {
+		sp.Profile = conformance.Core
+		sp.Features = []conformance.Feature{conformance.FeatureClusterIP, conformance.FeatureNodePort, conformance.FeatureNodePortRemoteBackend}
+		sp.Description += fmt.Sprintf(", judged from a model of the Services: "+
+			"every new connection (one every %s on each path) succeeds and is answered by a backend its Service had, within {endpoint-programmed}; "+
+			"no established stream resets or stalls past {stream-max-gap}.", s.interval())
+	} else {
+		sp.Profile = conformance.Policy
+		sp.Description += ", judged from the NetworkPolicy model."
+	}
+	if serviced(info) && udp(info) {
 		sp.Features = append(sp.Features, conformance.FeatureUDP)
 		sp.Description += fmt.Sprintf(" Each Service has a UDP twin; the client holds a UDP flow (one socket, a datagram every %s) on each twin, and opens %d more on a twin when a ready spare joins its Service: every datagram answered is answered by a backend the Service had, within {udp-repoint}, and no flow goes unanswered for longer than a stream may stall.", udpFlowInterval, udpFlowsPerJoin)
 	}
-	if s.HasPolicies() {
+	if netpolWorld(s, info) {
 		sp.Features = append(sp.Features, conformance.FeatureNetworkPolicy)
 		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet, and %d UDP datagrams on each of them, one every {connect-interval}, each from a new socket), each delivered or not as every set of policies in force {policy-programmed} before says.", len(policyPairs), len(newPodPairs), birthDatagrams)
 	}
@@ -126,6 +153,10 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 	}
 	return sp
 }
+
+// netpolWorld reports whether s's world has the netpol fixture: where s has policy
+// steps, or where info serves no Services (so the netpol pods are all there is).
+func netpolWorld(s Schedule, info driver.Info) bool { return s.HasPolicies() || !serviced(info) }
 
 // world is a round's fixture.
 type world struct {
@@ -148,13 +179,47 @@ type world struct {
 	udp *udpFlows
 }
 
+// deploy builds s's world: the Services and their spares where the implementation
+// serves them, then the netpol fixture, node 1's spare address and the UDP twins
+// where the world has them.
 func deploy(ctx context.Context, e *conformance.Env, s Schedule) (*world, error) {
+	w := &world{spares: map[string]topologies.Pod{}, apps: map[string]string{}, own: map[string]string{}, service: map[string]string{}}
+	var err error
+	if serviced(e.Info) {
+		if err := w.deployServices(ctx, e); err != nil {
+			return nil, err
+		}
+	} else if w.nodes = e.Topo.Nodes(); len(w.nodes) < 2 {
+		return nil, fmt.Errorf("a fuzz round needs two nodes; the topology has %d", len(w.nodes))
+	}
+	if netpolWorld(s, e.Info) {
+		if w.pol, err = deployPolicies(ctx, e); err != nil {
+			return nil, err
+		}
+	}
+	if w.core == nil {
+		return w, nil
+	}
+	if s.HasAddress() {
+		if w.addr, err = deployAddress(ctx, e, w.core.NodeA, w.core.Client); err != nil {
+			return nil, err
+		}
+	}
+	if udp(e.Info) {
+		if w.udp, err = deployUDP(ctx, e, w.core); err != nil {
+			return nil, err
+		}
+	}
+	return w, nil
+}
+
+// deployServices adds the Core fixture and the spare backends.
+func (w *world) deployServices(ctx context.Context, e *conformance.Env) error {
 	core, err := workloads.DeployCore(ctx, e.World, e.Warm())
 	if err != nil {
-		return nil, err
+		return err
 	}
-	w := &world{core: core, nodes: []topologies.Node{core.NodeA, core.NodeB}, spares: map[string]topologies.Pod{},
-		apps: map[string]string{}, own: map[string]string{}, service: map[string]string{}}
+	w.core, w.nodes = core, []topologies.Node{core.NodeA, core.NodeB}
 	for _, name := range Spares {
 		add := workloads.AddBackend
 		if name == unready {
@@ -162,7 +227,7 @@ func deploy(ctx context.Context, e *conformance.Env, s Schedule) (*world, error)
 		}
 		p, _, err := add(ctx, e.World, name, w.nodes[spareNode[name]].Name(), map[string]string{"app": idleApp})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		w.spares[name] = p
 	}
@@ -170,22 +235,7 @@ func deploy(ctx context.Context, e *conformance.Env, s Schedule) (*world, error)
 		w.apps[svc.Name] = svc.Name // DeployCore selects app=<the Service's name>
 		w.own[svc.Name] = svc.Backends[0].Name()
 	}
-	if s.HasPolicies() {
-		if w.pol, err = deployPolicies(ctx, e); err != nil {
-			return nil, err
-		}
-	}
-	if s.HasAddress() {
-		if w.addr, err = deployAddress(ctx, e, core.NodeA, core.Client); err != nil {
-			return nil, err
-		}
-	}
-	if udp(e.Info) {
-		if w.udp, err = deployUDP(ctx, e, core); err != nil {
-			return nil, err
-		}
-	}
-	return w, nil
+	return nil
 }
 
 // validate says what in s this world cannot run (a replay file written by hand, or
@@ -213,6 +263,10 @@ func (w *world) validate(s Schedule, info driver.Info) error {
 			}
 			stepped[a.Node] = true
 		case OpJoin, OpLeave:
+			if w.core == nil {
+				bad("%s does not claim the %s profile: the world has no Services", info.Name, conformance.Core)
+				continue
+			}
 			if _, ok := w.spares[a.Backend]; !ok {
 				bad("no spare backend %q (the spares are %s)", a.Backend, strings.Join(Spares, ", "))
 			}
@@ -230,6 +284,9 @@ func (w *world) validate(s Schedule, info driver.Info) error {
 				bad("a pod like %q (a new pod is like x/%s)", a.Like, strings.Join(PodLikes, " or x/"))
 			}
 		case OpAddAddress, OpRemoveAddress:
+			if w.core == nil {
+				bad("%s does not claim the %s profile: no NodePort answers on node 1's address", info.Name, conformance.Core)
+			}
 		default:
 			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, switch, policy, pod, add-address, remove-address)", a.Op)
 		}
@@ -245,12 +302,39 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 	if err := w.validate(s, e.Info); err != nil {
 		return fmt.Errorf("the schedule does not fit the world: %w", err)
 	}
-	var streams []string
 	sc := conformance.Scenario{
 		Transition: []conformance.Step{conformance.Do(fmt.Sprintf("run the schedule's %d steps", len(s.Actions)), func(ctx context.Context, e *conformance.Env) error {
 			return w.execute(ctx, e, s)
 		})},
 	}
+	if w.core != nil {
+		w.judgeServices(e, s, &sc)
+	}
+	if w.pol != nil {
+		tr, err := w.pol.traffic(e)
+		if err != nil {
+			return err
+		}
+		sc.Traffic = append(sc.Traffic, tr...)
+		pm := &policyModel{tl: e.World.Timeline().Transitions, budget: e.Budgets.PolicyProgrammed, timeout: e.Budgets.AttemptTimeout, p: w.pol}
+		sc.Checks = append(sc.Checks, conformance.Check{Name: "every new connection between the netpol pods is delivered or not as the policies in force say, within policy-programmed", Matcher: newPolicyAsModelled(pm)})
+	}
+	if w.addr != nil {
+		sc.Traffic = append(sc.Traffic, w.addr.traffic(e, s.interval()))
+		sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "nothing answers on node 1's spare address before it is added",
+			Matcher: matchers.HaveNoServedAttempts(matchers.Probes(addressProbe))})
+		am := &addressModel{tl: e.World.Timeline().Transitions, budget: e.Budgets.AddressProgrammed, timeout: e.Budgets.AttemptTimeout, node: w.core.NodeA.Name()}
+		sc.Checks = append(sc.Checks, conformance.Check{Name: "the NodePort answers on node 1's spare address from address-programmed after it is added, and not from address-programmed after it is removed", Matcher: newAddressAsModelled(am)})
+	}
+	sc.Settle = max(sc.Settle, e.Budgets.Settle, judgedAfter(e.Budgets, w)+time.Second)
+	return e.Run(ctx, sc)
+}
+
+// judgeServices adds to sc the traffic on the Services' paths (new connections,
+// streams, UDP flows) and the checks of the Services' model, and, where s switches
+// a node from kube-proxy, the hand-over's.
+func (w *world) judgeServices(e *conformance.Env, s Schedule, sc *conformance.Scenario) {
+	var streams []string
 	for _, fl := range w.core.ServiceFlows(e.Topo) {
 		c, st := "connect-"+fl.Name, "stream-"+fl.Name
 		streams = append(streams, st)
@@ -294,24 +378,6 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 	if handover != nil {
 		sc.Checks = append(sc.Checks, handover.After())
 	}
-	if w.pol != nil {
-		tr, err := w.pol.traffic(e)
-		if err != nil {
-			return err
-		}
-		sc.Traffic = append(sc.Traffic, tr...)
-		pm := &policyModel{tl: e.World.Timeline().Transitions, budget: e.Budgets.PolicyProgrammed, timeout: e.Budgets.AttemptTimeout, p: w.pol}
-		sc.Checks = append(sc.Checks, conformance.Check{Name: "every new connection between the netpol pods is delivered or not as the policies in force say, within policy-programmed", Matcher: newPolicyAsModelled(pm)})
-	}
-	if w.addr != nil {
-		sc.Traffic = append(sc.Traffic, w.addr.traffic(e, s.interval()))
-		sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "nothing answers on node 1's spare address before it is added",
-			Matcher: matchers.HaveNoServedAttempts(matchers.Probes(addressProbe))})
-		am := &addressModel{tl: e.World.Timeline().Transitions, budget: e.Budgets.AddressProgrammed, timeout: e.Budgets.AttemptTimeout, node: w.core.NodeA.Name()}
-		sc.Checks = append(sc.Checks, conformance.Check{Name: "the NodePort answers on node 1's spare address from address-programmed after it is added, and not from address-programmed after it is removed", Matcher: newAddressAsModelled(am)})
-	}
-	sc.Settle = max(sc.Settle, e.Budgets.Settle, judgedAfter(e.Budgets, w)+time.Second)
-	return e.Run(ctx, sc)
 }
 
 // judgedAfter is the longest time after a step of w's that the model gives its

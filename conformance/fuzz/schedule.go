@@ -303,9 +303,10 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 			// shows), else a spare joins. Where policies are claimed, in half the
 			// draws a pod appears instead: it must be policed from the agent's
 			// start, though no program of the agent's saw it created.
-			if a.Node == 1 && slices.Contains(ops, OpJoin) && len(s.Actions)+2 <= n {
+			joins := slices.Contains(ops, OpJoin)
+			if a.Node == 1 && (joins || len(c.Policies) > 0) && len(s.Actions)+2 <= n {
 				then = &Action{At: a.At + a.For/2}
-				if len(c.Policies) > 0 && rng.IntN(2) == 0 {
+				if len(c.Policies) > 0 && (!joins || rng.IntN(2) == 0) {
 					then.Op = OpPod
 				} else if members := slices.Sorted(maps.Keys(member)); len(members) > 0 {
 					then.Op, then.Backend = OpLeave, members[rng.IntN(len(members))]
@@ -341,6 +342,13 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 		}
 	}
 	slices.SortStableFunc(s.Actions, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
+	if len(c.Services) == 0 && len(c.Policies) > 0 && !slices.ContainsFunc(s.Actions, func(a Action) bool { return a.Op == OpPolicy }) && len(s.Actions) > 0 {
+		// Where policies are all a world has, a round that put none in force would
+		// judge only that everything reaches everything, which a datapath that
+		// does nothing passes: its first step puts one in force instead.
+		first := &s.Actions[0]
+		*first = Action{At: first.At, Op: OpPolicy, Case: c.Policies[rng.IntN(len(c.Policies))]}
+	}
 	for i := range s.Actions {
 		if s.Actions[i].Op == OpPod {
 			s.Actions[i].Like = PodLikes[likes.IntN(len(PodLikes))]

@@ -11,6 +11,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/dpconform/dpconform/conformance"
+	"github.com/dpconform/dpconform/driver"
 	"github.com/dpconform/dpconform/fv/harness"
 	"github.com/dpconform/dpconform/fv/monotime"
 	"github.com/dpconform/dpconform/fv/timeline"
@@ -118,6 +119,32 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 			g.Expect(a.Op).NotTo(BeElementOf(OpUpgrade, OpSwitch, OpPolicy, OpPod, OpAddAddress, OpRemoveAddress), "only the steps claimed")
 		}
 	}
+}
+
+// An implementation of NetworkPolicy alone has a world of the netpol fixture: its
+// rounds draw agent steps, policies and pods, every round puts a policy in force,
+// and a pod appears inside node 1's outages.
+func TestGeneratePolicyOnly(t *testing.T) {
+	g := NewWithT(t)
+	c := ClaimsOf(driver.Info{Name: "np", Profiles: []string{string(conformance.Policy), string(conformance.ModeSwitch)}})
+	g.Expect(c).To(Equal(Claims{Nodes: 2, Policies: PolicyCases()}), "no Services, spares, address or switch")
+	g.Expect(Fuzzable(driver.Info{Name: "np", Profiles: []string{string(conformance.Policy)}})).To(Succeed())
+	g.Expect(Fuzzable(driver.Info{Name: "obs", Profiles: []string{string(conformance.Observability)}})).To(MatchError(ContainSubstring("obs claims neither Core nor Policy")))
+
+	ops, inside := map[Op]int{}, 0
+	for round := 1; round <= 30; round++ {
+		s := Generate(1, round, c, 8, 15*time.Second)
+		g.Expect(s.Actions).To(ContainElement(HaveField("Op", OpPolicy)), "round %d puts a policy in force", round)
+		for _, a := range s.Actions {
+			ops[a.Op]++
+			g.Expect(a.Op).To(BeElementOf(OpRestart, OpCrash, OpOutage, OpPolicy, OpPod), "round %d: %s", round, a)
+			if a.Op == OpOutage && a.Node == 1 && slices.ContainsFunc(s.Actions, func(b Action) bool { return b.Op == OpPod && b.At == a.At+a.For/2 }) {
+				inside++
+			}
+		}
+	}
+	g.Expect(ops).To(HaveLen(5), "every step the claims allow is drawn")
+	g.Expect(inside).To(BeNumerically(">", 3), "a pod appears inside an outage of node 1")
 }
 
 // Minimize finds the steps a failure needs, however the schedule around them is.

@@ -94,8 +94,8 @@ func fuzzCmd(args []string) error {
 	if err != nil {
 		return fmt.Errorf("ask the driver for info: %w", err)
 	}
-	if !r.Claimed(conformance.Core) {
-		return fmt.Errorf("%s does not claim the Core profile, whose Services and agent steps a fuzz round is made of", r.Info().Name)
+	if err := fuzz.Fuzzable(r.Info()); err != nil {
+		return err
 	}
 	if rf != nil {
 		return replayCmd(ctx, r, *rf, *output, prog)
