@@ -39,6 +39,19 @@ const idleApp = "fuzz-idle"
 // streamsPerFlow is how many long-lived streams a round holds on each service flow.
 const streamsPerFlow = 2
 
+// The streams a join of a ready spare opens from the client through its Service's
+// ClusterIP, joinStreamsAfter the join: each lands on one of the Service's backends,
+// so most joins put some on the spare, and they must outlive its leaving (it still
+// serves them) and end once it vanishes. 6 leave a vanishing spare without one in
+// one join of 64.
+const (
+	joinStreams      = 6
+	joinStreamsAfter = 500 * time.Millisecond
+)
+
+// joinStream is the name of the streams step (counted from 1) opens, a join.
+func joinStream(step int) string { return fmt.Sprintf("stream-join-%d", step) }
+
 // Spares are the spare backends of a round's world: each serves throughout, and the
 // schedule labels it into and out of the Services. spare-a is on node 1, spare-b on
 // node 2; unready-a, on node 1, is never ready, so a Service it is labelled into
@@ -166,6 +179,8 @@ type world struct {
 	// apps are the Services' selectors' app labels; own their backends that never
 	// leave.
 	apps, own map[string]string
+	// svcs are the Services by name.
+	svcs map[string]workloads.Service
 	// service is the Service of each connect probe.
 	service map[string]string
 	// pol is the netpol fixture and its policies, where the schedule has policy
@@ -177,13 +192,16 @@ type world struct {
 	// udp are the Services' UDP twins and the flows on them, where the
 	// implementation claims UDP.
 	udp *udpFlows
+	// vanishes is whether a spare vanishes in the round.
+	vanishes bool
 }
 
 // deploy builds s's world: the Services and their spares where the implementation
 // serves them, then the netpol fixture, node 1's spare address and the UDP twins
 // where the world has them.
 func deploy(ctx context.Context, e *conformance.Env, s Schedule) (*world, error) {
-	w := &world{spares: map[string]topologies.Pod{}, apps: map[string]string{}, own: map[string]string{}, service: map[string]string{}}
+	w := &world{spares: map[string]topologies.Pod{}, apps: map[string]string{}, own: map[string]string{}, service: map[string]string{},
+		svcs: map[string]workloads.Service{}}
 	var err error
 	if serviced(e.Info) {
 		if err := w.deployServices(ctx, e); err != nil {
@@ -234,6 +252,7 @@ func (w *world) deployServices(ctx context.Context, e *conformance.Env) error {
 	for _, svc := range []workloads.Service{core.SvcLocal, core.SvcRemote} {
 		w.apps[svc.Name] = svc.Name // DeployCore selects app=<the Service's name>
 		w.own[svc.Name] = svc.Backends[0].Name()
+		w.svcs[svc.Name] = svc
 	}
 	return nil
 }
@@ -262,7 +281,7 @@ func (w *world) validate(s Schedule, info driver.Info) error {
 				bad("a switch is the first step on its node, and a schedule has one")
 			}
 			stepped[a.Node] = true
-		case OpJoin, OpLeave:
+		case OpJoin, OpLeave, OpVanish:
 			if w.core == nil {
 				bad("%s does not claim the %s profile: the world has no Services", info.Name, conformance.Core)
 				continue
@@ -288,7 +307,39 @@ func (w *world) validate(s Schedule, info driver.Info) error {
 				bad("%s does not claim the %s profile: no NodePort answers on node 1's address", info.Name, conformance.Core)
 			}
 		default:
-			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, switch, policy, pod, add-address, remove-address)", a.Op)
+			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, vanish, switch, policy, pod, add-address, remove-address)", a.Op)
+		}
+	}
+	return errors.Join(append(errs, vanishOrder(s.Actions))...)
+}
+
+// vanishOrder says where actions have a spare vanish that cannot: one in a Service
+// (a spare vanishes once it has left), the one never ready (nothing reaches it to
+// be ended), or one already gone; and a step on a spare after it vanished.
+func vanishOrder(actions []Action) error {
+	var errs []error
+	member := map[string]string{} // spare -> the Service it is in
+	vanished := map[string]bool{}
+	for i, a := range actions {
+		bad := func(format string, args ...any) {
+			errs = append(errs, fmt.Errorf("step %d (%s): %s", i+1, a, fmt.Sprintf(format, args...)))
+		}
+		if a.Op != OpJoin && a.Op != OpLeave && a.Op != OpVanish {
+			continue
+		}
+		switch {
+		case vanished[a.Backend]:
+			bad("%s vanished at an earlier step", a.Backend)
+		case a.Op == OpJoin:
+			member[a.Backend] = a.Service
+		case a.Op == OpLeave:
+			delete(member, a.Backend)
+		case member[a.Backend] != "":
+			bad("%s is in %s: a spare vanishes once it has left its Service", a.Backend, member[a.Backend])
+		case a.Backend == unready:
+			bad("%s is never ready: no connection reaches it to be ended", unready)
+		default:
+			vanished[a.Backend] = true
 		}
 	}
 	return errors.Join(errs...)
@@ -308,6 +359,7 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 		})},
 	}
 	if w.core != nil {
+		w.vanishes = len(s.Vanished()) > 0
 		w.judgeServices(e, s, &sc)
 	}
 	if w.pol != nil {
@@ -366,11 +418,32 @@ func (w *world) judgeServices(e *conformance.Env, s Schedule, sc *conformance.Sc
 		m.flow, m.udpBudget = w.udp.service, e.Budgets.UDPRepoint
 		answers += " (a UDP flow's, within udp-repoint)"
 	}
+	// The streams a join opens are judged as the others are, but for their gaps
+	// (they open during the window) and for those on a spare that vanished, which
+	// must end instead.
+	joined := s.joinStreams()
+	all := []matchers.Option{matchers.Probes(append(streams, joined...)...)}
+	but := ""
+	if gone := s.Vanished(); len(gone) > 0 {
+		var kept []string
+		for _, b := range append(slices.Collect(maps.Values(w.own)), Spares...) {
+			if !slices.Contains(gone, b) {
+				kept = append(kept, b)
+			}
+		}
+		slices.Sort(kept)
+		all = append(all, matchers.OnBackends(kept...))
+		but = ", but those to " + strings.Join(gone, " and ")
+		for _, spare := range gone {
+			sc.Checks = append(sc.Checks, conformance.Check{Name: "the streams to " + spare + " end within end-within of its vanishing",
+				Matcher: newEndedOnVanish(spare, w.core.NodeA.Name(), e.Budgets.EndWithin, joined)})
+		}
+	}
 	sc.Checks = append(sc.Checks,
 		conformance.Check{Name: answers, Matcher: newAnswersAsModelled(m.allowed, m.leaving)},
-		conformance.Check{Name: "no established stream reset", Matcher: matchers.HaveNoResets(only)},
+		conformance.Check{Name: "no established stream reset" + but, Matcher: matchers.HaveNoResets(all...)},
 		conformance.Check{Name: "no stream gap over " + gapBudget, Matcher: matchers.HaveStreamGapsWithin(maxGap, only)},
-		conformance.Check{Name: "every stream alive at the end", Matcher: matchers.BeAliveAtEnd(only)},
+		conformance.Check{Name: "every stream alive at the end" + but, Matcher: matchers.BeAliveAtEnd(all...)},
 	)
 	if w.udp != nil {
 		sc.Checks = append(sc.Checks, conformance.Check{Name: "no UDP flow unanswered for longer than " + gapBudget, Matcher: newFlowGaps(w.udp.service, maxGap, gapBudget)})
@@ -394,6 +467,9 @@ func judgedAfter(b conformance.Budgets, w *world) time.Duration {
 	if w.addr != nil {
 		d = max(d, b.AddressProgrammed)
 	}
+	if w.vanishes {
+		d = max(d, b.EndWithin)
+	}
 	return d
 }
 
@@ -416,7 +492,7 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	upgraded := make([]bool, len(w.nodes))
-	// The UDP flows a join opens start while the steps after it run.
+	// The UDP flows and streams a join opens start while the steps after it run.
 	var flows errgroup.Group
 	do := func(i int) error {
 		a := s.Actions[i]
@@ -448,13 +524,22 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 			}
 			return conformance.Start(n).Do(ctx, e)
 		case OpJoin:
-			if err := w.label(ctx, e, a.Backend, w.apps[a.Service]); err != nil || w.udp == nil || a.Backend == unready {
+			if err := w.label(ctx, e, a.Backend, w.apps[a.Service]); err != nil || a.Backend == unready {
 				return err
 			}
-			flows.Go(func() error { return w.udp.open(ctx, e, i+1, a.Service) })
+			flows.Go(func() error { return w.openStreams(ctx, e, i+1, a.Service) })
+			if w.udp != nil {
+				flows.Go(func() error { return w.udp.open(ctx, e, i+1, a.Service) })
+			}
 			return nil
 		case OpLeave:
 			return w.label(ctx, e, a.Backend, idleApp)
+		case OpVanish:
+			if err := conformance.VanishPod(w.spares[a.Backend]).Do(ctx, e); err != nil {
+				return err
+			}
+			e.Record(vanishedEvent(a.Backend), "")
+			return nil
 		case OpPolicy:
 			return w.pol.put(ctx, e, a.Case)
 		case OpPod:
@@ -509,6 +594,22 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 func (w *world) label(ctx context.Context, e *conformance.Env, backend, app string) error {
 	return conformance.Relabel(w.spares[backend], map[string]string{"app": app}, EventLabelled).Do(ctx, e)
 }
+
+// openStreams opens the streams of step (a join of a ready spare to svc),
+// joinStreamsAfter it; it stops early, with no error, when ctx ends.
+func (w *world) openStreams(ctx context.Context, e *conformance.Env, step int, svc string) error {
+	if conformance.Hold(ctx, joinStreamsAfter) != nil {
+		return nil
+	}
+	name := joinStream(step)
+	if _, err := e.World.StartProbe(ctx, w.core.Client, e.Stream(name, w.svcs[svc].ClusterIPAddr(), joinStreams)); err != nil && ctx.Err() == nil {
+		return fmt.Errorf("probe %s: %w", name, err)
+	}
+	return nil
+}
+
+// vanishedEvent is the event a round records once spare has vanished.
+func vanishedEvent(spare string) string { return "vanished " + spare }
 
 // model is the Services' ready endpoints as the round changed them, read from the
 // timeline's EventLabelled events: a Service's own backend always, and each spare

@@ -41,6 +41,11 @@ const (
 	OpJoin Op = "join"
 	// OpLeave labels the spare backend Backend out of every Service.
 	OpLeave Op = "leave"
+	// OpVanish removes the spare backend Backend, in no Service by then, as a lost
+	// sandbox goes (conformance.VanishPod): its network first, so that nothing
+	// closes the connections that reached it through a Service while it was in
+	// one; the datapath must end them (SVC-ENDPOINT-VANISH's rule).
+	OpVanish Op = "vanish"
 	// OpSwitch hands Node over from the real kube-proxy to the implementation
 	// (conformance.Switch): a round with one starts with kube-proxy on that node,
 	// and it is the first step there.
@@ -90,7 +95,7 @@ type Action struct {
 	// from 1 in the topology's order.
 	Node    int    `json:"node,omitempty"`
 	For     Offset `json:"for,omitempty"`     // OpOutage: how long the agent stays down
-	Backend string `json:"backend,omitempty"` // OpJoin, OpLeave: a spare backend
+	Backend string `json:"backend,omitempty"` // OpJoin, OpLeave, OpVanish: a spare backend
 	Service string `json:"service,omitempty"` // OpJoin
 	Case    string `json:"case,omitempty"`    // OpPolicy
 	// Like is the pod of namespace x whose label the new pod has (OpPod): "a"
@@ -115,6 +120,8 @@ func (a Action) String() string {
 		return fmt.Sprintf("%s join %s to %s", at, a.Backend, a.Service)
 	case OpLeave:
 		return fmt.Sprintf("%s leave %s", at, a.Backend)
+	case OpVanish:
+		return fmt.Sprintf("%s %s vanishes", at, a.Backend)
 	case OpOutage:
 		return fmt.Sprintf("%s outage node %d for %s", at, a.Node, time.Duration(a.For))
 	case OpSwitch:
@@ -133,7 +140,7 @@ func (a Action) String() string {
 
 // resource is what an action works on; actions on one run in order.
 func (a Action) resource() string {
-	if a.Op == OpJoin || a.Op == OpLeave {
+	if a.Op == OpJoin || a.Op == OpLeave || a.Op == OpVanish {
 		return "backend " + a.Backend
 	}
 	if a.Op == OpPolicy || a.Op == OpPod {
@@ -198,6 +205,28 @@ func (a Action) HasAddress() bool { return a.Op == OpAddAddress || a.Op == OpRem
 // HasAddress reports whether the schedule changes node 1's spare address.
 func (s Schedule) HasAddress() bool { return slices.ContainsFunc(s.Actions, Action.HasAddress) }
 
+// Vanished are the spares that vanish in s.
+func (s Schedule) Vanished() []string {
+	var out []string
+	for _, a := range s.Actions {
+		if a.Op == OpVanish {
+			out = append(out, a.Backend)
+		}
+	}
+	return out
+}
+
+// joinStreams are the names of the streams s's joins of a ready spare open.
+func (s Schedule) joinStreams() []string {
+	var out []string
+	for i, a := range s.Actions {
+		if a.Op == OpJoin && a.Backend != unready {
+			out = append(out, joinStream(i+1))
+		}
+	}
+	return out
+}
+
 // Switched is the node (counted from 1) the schedule switches from kube-proxy, or 0.
 func (s Schedule) Switched() int {
 	for _, a := range s.Actions {
@@ -216,8 +245,12 @@ func (s Schedule) Span() time.Duration {
 	return time.Duration(s.Actions[len(s.Actions)-1].At)
 }
 
-// podLikeStream sets the stream of new pods' labels apart from a round's own.
-const podLikeStream = 1 << 63
+// podLikeStream and vanishStream set the random streams of new pods' labels and of
+// spares' vanishing apart from a round's own.
+const (
+	podLikeStream = 1 << 63
+	vanishStream  = 1 << 62
+)
 
 // Claims are what a schedule may draw on: the implementation's nodes, spare
 // backends and Services, whether it offers versions to upgrade between and takes a
@@ -354,6 +387,7 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 			s.Actions[i].Like = PodLikes[likes.IntN(len(PodLikes))]
 		}
 	}
+	s.Actions = vanishes(rand.New(rand.NewPCG(seed, uint64(round)^vanishStream)), s.Actions)
 	// A step drawn after an outage's inner one may fall due before it: in the order
 	// they are due, a spare leaves only a Service it is in. (An address is added only
 	// once the one before is removed, so those are in order as drawn.)
@@ -372,4 +406,41 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 		}
 	}
 	return s
+}
+
+// vanishes adds to actions, in half the draws, the vanishing of a ready spare that
+// left a Service and joins none again: 2.5 to 4 s after its leave, past the time a
+// UDP flow has to move off it (udp-repoint), so that what it still holds is the TCP
+// connections it was given while it was in; not after a leave during a step of
+// node 1's agent. One spare vanishes at most (the spare
+// that leaves last), so a round keeps a spare to join. It draws from a stream of its
+// own: the steps before are as they were, and a round with a vanish has one step
+// more than it was drawn with.
+func vanishes(rng *rand.Rand, actions []Action) []Action {
+	last := -1 // the last leave of a ready spare that no join follows
+	for i, a := range actions {
+		switch {
+		case a.Op == OpLeave && a.Backend != unready:
+			last = i
+		case a.Op == OpJoin && last >= 0 && actions[last].Backend == a.Backend:
+			last = -1
+		}
+	}
+	if last < 0 || rng.IntN(2) != 0 {
+		return actions
+	}
+	leave := actions[last]
+	for _, a := range actions {
+		// A leave while node 1's agent, which moves the client's UDP flows, is down
+		// (or within a second of its start) is programmed only once it is ready:
+		// its flows may still be on the spare 2.5 s after it, and a vanishing
+		// would cut them off through no fault of the datapath.
+		if a.Node == 1 && a.Op != OpSwitch && leave.At >= a.At && leave.At <= a.At+a.For+Offset(time.Second) {
+			return actions
+		}
+	}
+	v := Action{At: leave.At + Offset(time.Duration(2500+rng.IntN(1500))*time.Millisecond), Op: OpVanish, Backend: leave.Backend}
+	out := append(slices.Clone(actions), v)
+	slices.SortStableFunc(out, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
+	return out
 }

@@ -25,7 +25,7 @@ func TestGenerateIsSeeded(t *testing.T) {
 	g.Expect(Generate(7, 3, claims, 40, 20*time.Second)).To(Equal(a), "the same seed and round draw the same schedule")
 	g.Expect(Generate(7, 4, claims, 40, 20*time.Second)).NotTo(Equal(a), "another round draws another")
 	g.Expect(Generate(8, 3, claims, 40, 20*time.Second)).NotTo(Equal(a), "another seed draws another")
-	g.Expect(a.Actions).To(HaveLen(40))
+	g.Expect(len(a.Actions)-len(a.Vanished())).To(Equal(40), "the steps drawn, and a spare's vanishing besides")
 }
 
 // A seed's rounds stay what the ledger measured: seed 2's round 7, in which the
@@ -59,6 +59,7 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 	for round := 1; round <= 20; round++ {
 		s := Generate(1, round, claims, 10, 15*time.Second)
 		member := map[string]string{}
+		left, vanished := map[string]Offset{}, map[string]bool{}
 		added, addedAt := false, Offset(0)
 		for i, a := range s.Actions {
 			ops[a.Op]++
@@ -91,10 +92,18 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 			case OpJoin:
 				g.Expect(Spares).To(ContainElement(a.Backend))
 				g.Expect(Services).To(ContainElement(a.Service))
+				g.Expect(vanished).NotTo(HaveKey(a.Backend), "a spare that vanished joins nothing")
 				member[a.Backend] = a.Service
 			case OpLeave:
 				g.Expect(member).To(HaveKey(a.Backend), "a spare leaves only a Service it joined")
 				delete(member, a.Backend)
+				left[a.Backend] = a.At
+			case OpVanish:
+				g.Expect(a.Backend).NotTo(Equal(unready))
+				g.Expect(member).NotTo(HaveKey(a.Backend), "a spare vanishes once it has left its Service")
+				g.Expect(time.Duration(a.At-left[a.Backend])).To(BeNumerically(">=", 2500*time.Millisecond), "past udp-repoint after its leave")
+				g.Expect(vanished).To(BeEmpty(), "one spare vanishes at most")
+				vanished[a.Backend] = true
 			case OpAddAddress, OpRemoveAddress:
 				g.Expect(a.Op == OpAddAddress).To(Equal(!added), "the address is added, then removed, in turn")
 				if a.Op == OpRemoveAddress {
@@ -104,7 +113,7 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 			}
 		}
 	}
-	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave, OpSwitch, OpPolicy, OpAddAddress, OpRemoveAddress} {
+	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave, OpVanish, OpSwitch, OpPolicy, OpAddAddress, OpRemoveAddress} {
 		g.Expect(ops).To(HaveKey(op), "20 rounds draw a %s", op)
 	}
 	g.Expect(likes).To(HaveLen(len(PodLikes)), "new pods like each of x's pods")

@@ -1,0 +1,78 @@
+package fuzz
+
+import (
+	"testing"
+	"time"
+
+	. "github.com/onsi/gomega"
+
+	"github.com/dpconform/dpconform/fv/matchers"
+	"github.com/dpconform/dpconform/fv/probe"
+	"github.com/dpconform/dpconform/fv/timeline"
+)
+
+// vanished is a window from 1 s to 7 s of a join's two streams, one on web-local and
+// one on on (a spare, or web-local too), echoing every 100 ms; spare-a vanishes at
+// 2.5 s, and the stream on it ends at endMs (0: never). down is a span of node-a's
+// agent not ready (ms; zero: none).
+func vanished(on string, endMs int, down [2]int) timeline.Window {
+	tl := probeTimeline(2000, "stream-join-1", probe.RoleStream)
+	tl.RecordAt(at(2500), vanishedEvent("spare-a"), "")
+	if down[1] > 0 {
+		tl.RecordAt(at(down[0]), timeline.StopSent, "node-a")
+		tl.RecordAt(at(down[1]), timeline.Ready, "node-a")
+	}
+	for id, backend := range map[int]string{1: "web-local", 2: on} {
+		tl.Add(probe.Event{Time: at(450), Kind: probe.KindOpen, Probe: "stream-join-1", Stream: id, Outcome: probe.OK, Latency: time.Millisecond})
+		for ms := 500; ms < 8000; ms += 100 {
+			if backend == "spare-a" && ms > 2500 {
+				break
+			}
+			tl.Add(probe.Event{Time: at(ms), End: at(ms + 95), Kind: probe.KindEcho, Probe: "stream-join-1", Stream: id, Count: 20, Gap: 5 * time.Millisecond, GapAt: at(ms), Backend: backend})
+		}
+	}
+	if endMs > 0 {
+		tl.Add(probe.Event{Time: at(endMs), Kind: probe.KindEnd, Probe: "stream-join-1", Stream: 2, Outcome: probe.Reset, Err: "connection reset by peer"})
+	}
+	tl.Add(probe.Event{Time: at(8000), Kind: probe.KindMark, Probe: "stream-join-1"})
+	return tl.Window(at(1000), at(7000))
+}
+
+// The streams on a spare that vanished must end within end-within of it, or of the
+// ready of node-a's agent where it was down meanwhile; a round in which none reached
+// the spare has nothing to judge.
+func TestEndedOnVanish(t *testing.T) {
+	g := NewWithT(t)
+	check := func() matchers.Matcher {
+		return newEndedOnVanish("spare-a", "node-a", 2*time.Second, []string{"stream-join-1"}).WithDefaults()
+	}
+	m := check()
+	ok, err := m.Match(vanished("spare-a", 3100, [2]int{}))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(ok).To(BeTrue(), "reset 600 ms after the vanishing")
+
+	m = check()
+	ok, err = m.Match(vanished("spare-a", 0, [2]int{}))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(ok).To(BeFalse(), "never ended: it hangs")
+	g.Expect(m.Result().Kind).To(Equal(matchers.KindHang))
+	t.Logf("%s", m.FailureMessage(nil))
+
+	m = check()
+	ok, _ = m.Match(vanished("spare-a", 5000, [2]int{}))
+	g.Expect(ok).To(BeFalse(), "reset 2.5 s after the vanishing, with the agent up")
+	m = check()
+	ok, err = m.Match(vanished("spare-a", 5000, [2]int{2700, 3200}))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(ok).To(BeTrue(), "the agent was down from 200 ms after the vanishing to 700 ms: 2 s from its ready")
+
+	m = check()
+	ok, err = m.Match(vanished("web-local", 0, [2]int{}))
+	g.Expect(err).NotTo(HaveOccurred())
+	g.Expect(ok).To(BeTrue(), "no stream on spare-a: nothing to end")
+	g.Expect(m.Result().Verdict).To(Equal(matchers.Pass))
+	g.Expect(m.Result().Figures[0].Text).To(Equal("no stream had reached spare-a before it vanished: none to end"))
+
+	_, err = check().Match("a string")
+	g.Expect(err).To(MatchError(ContainSubstring("expected a timeline.Window")))
+}
