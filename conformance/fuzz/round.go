@@ -314,11 +314,13 @@ func (w *world) validate(s Schedule, info driver.Info) error {
 }
 
 // vanishOrder says where actions have a spare vanish that cannot: one in a Service
-// (a spare vanishes once it has left), the one never ready (nothing reaches it to
-// be ended), or one already gone; and a step on a spare after it vanished.
+// (a spare vanishes once it has left), one that left less than vanishAfterLeave
+// before, the one never ready (nothing reaches it to be ended), or one already gone;
+// and a step on a spare after it vanished.
 func vanishOrder(actions []Action) error {
 	var errs []error
 	member := map[string]string{} // spare -> the Service it is in
+	left := map[string]Offset{}   // spare -> when it last left
 	vanished := map[string]bool{}
 	for i, a := range actions {
 		bad := func(format string, args ...any) {
@@ -327,6 +329,7 @@ func vanishOrder(actions []Action) error {
 		if a.Op != OpJoin && a.Op != OpLeave && a.Op != OpVanish {
 			continue
 		}
+		leftAt, hasLeft := left[a.Backend]
 		switch {
 		case vanished[a.Backend]:
 			bad("%s vanished at an earlier step", a.Backend)
@@ -334,8 +337,12 @@ func vanishOrder(actions []Action) error {
 			member[a.Backend] = a.Service
 		case a.Op == OpLeave:
 			delete(member, a.Backend)
+			left[a.Backend] = a.At
 		case member[a.Backend] != "":
 			bad("%s is in %s: a spare vanishes once it has left its Service", a.Backend, member[a.Backend])
+		case a.At < leftAt+Offset(vanishAfterLeave) && hasLeft:
+			bad("%s left %s before: a spare vanishes %s or more after its leave, once its UDP flows have moved (udp-repoint)",
+				a.Backend, time.Duration(a.At-leftAt), vanishAfterLeave)
 		case a.Backend == unready:
 			bad("%s is never ready: no connection reaches it to be ended", unready)
 		default:

@@ -245,6 +245,12 @@ func (s Schedule) Span() time.Duration {
 	return time.Duration(s.Actions[len(s.Actions)-1].At)
 }
 
+// vanishAfterLeave is the least time from a spare's leave to its vanishing: past
+// udp-repoint (2 s by default), the time the datapath has to move the UDP flows
+// off the spare, so that a flow left on it when it goes is the datapath's fault and
+// the ones moved in time lose nothing. Shrinking keeps it too.
+const vanishAfterLeave = 2500 * time.Millisecond
+
 // podLikeStream and vanishStream set the random streams of new pods' labels and of
 // spares' vanishing apart from a round's own.
 const (
@@ -439,7 +445,7 @@ func vanishes(rng *rand.Rand, actions []Action) []Action {
 			return actions
 		}
 	}
-	v := Action{At: leave.At + Offset(time.Duration(2500+rng.IntN(1500))*time.Millisecond), Op: OpVanish, Backend: leave.Backend}
+	v := Action{At: leave.At + Offset(vanishAfterLeave+time.Duration(rng.IntN(1500))*time.Millisecond), Op: OpVanish, Backend: leave.Backend}
 	out := append(slices.Clone(actions), v)
 	slices.SortStableFunc(out, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
 	return out

@@ -76,3 +76,26 @@ func TestEndedOnVanish(t *testing.T) {
 	_, err = check().Match("a string")
 	g.Expect(err).To(MatchError(ContainSubstring("expected a timeline.Window")))
 }
+
+// A spare vanishes only once it has left its Service, 2.5 s or more before; never
+// the spare that is never ready; and nothing happens to it after.
+func TestVanishOrder(t *testing.T) {
+	g := NewWithT(t)
+	ms := func(n int) Offset { return Offset(time.Duration(n) * time.Millisecond) }
+	join := Action{At: 0, Op: OpJoin, Backend: "spare-a", Service: "web-local"}
+	leave := Action{At: ms(1000), Op: OpLeave, Backend: "spare-a"}
+	vanish := func(at int, b string) Action { return Action{At: ms(at), Op: OpVanish, Backend: b} }
+	g.Expect(vanishOrder([]Action{join, leave, vanish(3500, "spare-a")})).To(Succeed())
+	g.Expect(vanishOrder([]Action{vanish(500, "spare-b")})).To(Succeed(), "a spare that never joined: nothing to end")
+	for what, c := range map[string]struct {
+		actions []Action
+		err     string
+	}{
+		"in its Service": {[]Action{join, vanish(3500, "spare-a")}, "spare-a is in web-local"},
+		"too soon":       {[]Action{join, leave, vanish(2000, "spare-a")}, "spare-a left 1s before: a spare vanishes 2.5s or more after its leave"},
+		"never ready":    {[]Action{vanish(500, unready)}, "is never ready"},
+		"gone":           {[]Action{join, leave, vanish(3500, "spare-a"), {At: ms(4000), Op: OpJoin, Backend: "spare-a", Service: "web-local"}}, "step 4 (+4.000s join spare-a to web-local): spare-a vanished at an earlier step"},
+	} {
+		g.Expect(vanishOrder(c.actions)).To(MatchError(ContainSubstring(c.err)), what)
+	}
+}
