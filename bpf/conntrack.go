@@ -165,6 +165,41 @@ func (d *Datapath) markDNATFlowsGone(all map[ConntrackKey]ConntrackValue, flows 
 	return n, errors.Join(errs...)
 }
 
+// TCPDNATFlows returns, once each, the frontend and backend of the TCP flows the
+// programs DNATed that are not over (flowOver): the flows an agent that starts must
+// still end if their backend is gone, though the run that removed the backend from
+// its frontend is not there to remember it. It reads the whole table (in batches)
+// once.
+func (d *Datapath) TCPDNATFlows() ([]DNATFlows, error) {
+	all, err := d.conntrack.All()
+	if err != nil {
+		return nil, fmt.Errorf("read the DNATed TCP flows: %w", err)
+	}
+	now, err := KernelNow()
+	if err != nil {
+		return nil, fmt.Errorf("read the DNATed TCP flows: %w", err)
+	}
+	return tcpDNATFlows(all, now), nil
+}
+
+// tcpDNATFlows is TCPDNATFlows on table, a snapshot taken at now.
+func tcpDNATFlows(table map[ConntrackKey]ConntrackValue, now uint64) []DNATFlows {
+	seen := map[DNATFlows]bool{}
+	var out []DNATFlows
+	for k, v := range table {
+		// The original entry is keyed client -> frontend and names the backend.
+		if k.Proto != TCP || v.Flags&ConntrackDNAT == 0 || v.Flags&(ConntrackReply|ConntrackSNATReply) != 0 || flowOver(v, now) {
+			continue
+		}
+		f := DNATFlows{Frontend: FrontendKey{Addr: k.Dst, Port: k.DstPort, Proto: k.Proto}, Backend: BackendValue{Addr: v.NATAddr, Port: v.NATPort}}
+		if !seen[f] {
+			seen[f] = true
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 // flowOver reports whether the TCP flow of entry v is over at now, as entry_stale
 // (conntrack.h) judges it: closing (a FIN or RST seen) and quiet since for
 // ConntrackCloseQuiet, or idle for ConntrackTCPIdleTimeout.

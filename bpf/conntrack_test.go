@@ -95,6 +95,37 @@ func TestDNATFlowEntries(t *testing.T) {
 	}
 }
 
+// The TCP flows an agent finds at its start are the DNATed ones still live, each
+// frontend and backend once: not UDP, not a reply entry, not a flow that is over.
+func TestTCPDNATFlows(t *testing.T) {
+	const now = uint64(1000 * time.Second)
+	table := map[ConntrackKey]ConntrackValue{}
+	add := func(client, fe, be string, proto Proto, lastSeen uint64, extra ConntrackFlags) {
+		for k, v := range dnatEntries(client, fe, be, proto, extra) {
+			v.LastSeenNs = lastSeen
+			table[k] = v
+		}
+	}
+	add(clientPod, clusterIP, remotePod, TCP, now, 0)
+	add("10.244.0.6:40001", clusterIP, remotePod, TCP, now, 0)                                       // the same frontend and backend
+	add(client, nodePort, remotePod2, TCP, now-uint64(time.Second), ConntrackHostIngress)            // another frontend
+	add("10.244.0.7:40002", clusterIP, remotePod2, UDP, now, 0)                                      // UDP
+	add("10.244.0.8:40003", clusterIP, remotePod2, TCP, now-uint64(2*time.Second), ConntrackClosing) // closed and quiet
+	add("10.244.0.9:40004", clusterIP, remotePod2, TCP, now-uint64(ConntrackTCPIdleTimeout)-1, 0)    // idle
+	table[ctKey("10.244.0.6:40005", remotePod2, TCP)] = ConntrackValue{LastSeenNs: now}              // not NATed
+	got := tcpDNATFlows(table, now)
+	want := []DNATFlows{
+		{Frontend: frontend(clusterIP, TCP), Backend: backend(remotePod)},
+		{Frontend: frontend(nodePort, TCP), Backend: backend(remotePod2)},
+	}
+	byString := func(a, b DNATFlows) int { return strings.Compare(a.String(), b.String()) }
+	slices.SortFunc(got, byString)
+	slices.SortFunc(want, byString)
+	if !slices.Equal(got, want) {
+		t.Errorf("live TCP DNAT flows:\n got %v\nwant %v", got, want)
+	}
+}
+
 // A UDP client keeps its 5-tuple while the Service's backend is replaced: the
 // programs keep sending it to the backend in its conntrack entry, the removed one,
 // until that entry is deleted; then its next datagram picks the new backend. A TCP

@@ -147,7 +147,10 @@ type Agent struct {
 	staleUDP []bpf.DNATFlows
 	// leftTCP are the TCP backends removed from their frontends whose flows are
 	// still to be flagged once their endpoints are not listed any more.
-	leftTCP         []bpf.DNATFlows
+	leftTCP []bpf.DNATFlows
+	// leftFound is set once this run has found in conntrack the TCP flows to
+	// backends their frontends no longer have (findLeftTCP).
+	leftFound       bool
 	tookOver        bool // kube-proxy's rules removed (or found absent)
 	ready           bool
 	lastSyncError   string

@@ -47,7 +47,7 @@ func (a *Agent) syncServices(hostIPs []netip.Addr, hostsOK bool) error {
 	a.staleUDP = append(a.staleUDP, st.StaleUDP...)
 	var tcpErr error
 	if complete {
-		tcpErr = a.endGoneTCP(func() services.Desired { return services.Listed(svcs, epSlices, hostIPs) })
+		tcpErr = errors.Join(a.findLeftTCP(), a.endGoneTCP(func() services.Desired { return services.Listed(svcs, epSlices, hostIPs) }))
 	}
 	return errors.Join(a.forgetStaleUDP(), tcpErr)
 }
@@ -83,6 +83,35 @@ func (a *Agent) endGoneTCP(listed func() services.Desired) error {
 		return fmt.Errorf("flag the conntrack entries of TCP flows to gone backends %v: %w", gone, err)
 	}
 	a.log.Info("flagged the conntrack entries of TCP flows to gone backends, to be reset", "backends", fmt.Sprint(gone), "entries", n)
+	return nil
+}
+
+// findLeftTCP adds to leftTCP, at this run's first complete round, the TCP flows
+// in conntrack whose backend their frontend no longer has: a backend removed by an
+// earlier run (a spare relabelled out of its Service, still running) whose flows
+// waited for its pod to go when that run stopped or was killed. Without it a pod
+// that vanishes after the agent's restart leaves those flows hanging, as
+// keep-flows-to-gone-backends does. What it cannot read is tried again next round.
+func (a *Agent) findLeftTCP() error {
+	if a.leftFound {
+		return nil
+	}
+	flows, err := a.dp.TCPDNATFlows()
+	if err != nil {
+		return err
+	}
+	a.leftFound = true
+	inMaps := a.syncer.TCPBackends()
+	var left []bpf.DNATFlows
+	for _, f := range flows {
+		if !slices.Contains(inMaps[f.Frontend], f.Backend) {
+			left = append(left, f)
+		}
+	}
+	if len(left) > 0 {
+		a.log.Info("found TCP flows to backends their frontends no longer have, to be ended once their pods go", "flows", fmt.Sprint(left))
+		a.leftTCP = append(a.leftTCP, left...)
+	}
 	return nil
 }
 
