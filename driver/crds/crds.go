@@ -6,6 +6,7 @@ package crds
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -66,32 +67,49 @@ func Ensure(ctx context.Context, client dynamic.Interface, dir string) error {
 			pending = append(pending, crd.GetName())
 		}
 	}
-	notEstablished := func() error {
-		return fmt.Errorf("CRDs not established (the API server does not serve them): %s: %w", strings.Join(pending, ", "), ctx.Err())
-	}
+	// lastErr is the last error of a Get that did not reach the API server (a
+	// transport's, or the client's rate limiter's, which fails a Get whose wait for
+	// a token would pass ctx's deadline before the deadline comes): the wait goes on
+	// until ctx ends, and the error names it.
+	var lastErr error
 	for len(pending) > 0 {
 		select {
 		case <-ctx.Done():
-			return notEstablished()
+			err := fmt.Errorf("CRDs not established (the API server does not serve them): %s: %w", strings.Join(pending, ", "), ctx.Err())
+			if lastErr != nil {
+				err = fmt.Errorf("%w (last error: %v)", err, lastErr)
+			}
+			return err
 		case <-time.After(50 * time.Millisecond):
 		}
 		var still []string
 		for _, name := range pending {
 			got, err := crds.Get(ctx, name, metav1.GetOptions{})
-			if err != nil && ctx.Err() != nil {
-				// The deadline came during the Get: the wait, not the Get, failed.
-				return notEstablished()
-			}
-			if err != nil && !apierrors.IsNotFound(err) {
+			switch {
+			case err == nil:
+				if !established(got) {
+					still = append(still, name)
+				}
+			case apierrors.IsNotFound(err):
+				still = append(still, name)
+			case isAPIStatus(err):
+				// The API server answered, with a refusal waiting will not change.
 				return fmt.Errorf("CRD %s: %w", name, err)
-			}
-			if err != nil || !established(got) {
+			default:
+				lastErr = err
 				still = append(still, name)
 			}
 		}
 		pending = still
 	}
 	return nil
+}
+
+// isAPIStatus reports whether err is the API server's answer (a Status), not the
+// client's or the transport's failure to get one.
+func isAPIStatus(err error) bool {
+	var status apierrors.APIStatus
+	return errors.As(err, &status)
 }
 
 // read returns the CRDs of dir's *.yaml files, in the files' order: one

@@ -143,4 +143,20 @@ func TestEnsure(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("Ensure of a CRD never served = %v, want an error with %q", err, want)
 	}
+
+	// The same through a throttled client, whose rate limiter fails a Get before
+	// the deadline comes (its wait for a token would pass it): the wait, not the
+	// Get, fails, and the error says so.
+	throttledConfig := topo.RESTConfig()
+	throttledConfig.QPS, throttledConfig.Burst = 1, 1
+	throttled, err := dynamic.NewForConfig(throttledConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, cancelShort = context.WithTimeout(ctx, 3*time.Second)
+	defer cancelShort()
+	err = crds.Ensure(short, throttled, clash)
+	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "rate limiter") {
+		t.Errorf("Ensure of a CRD never served, throttled = %v, want an error with %q naming the rate limiter", err, want)
+	}
 }
