@@ -299,6 +299,20 @@ static __always_inline void reverse(const struct ct_key *k, struct ct_key *r)
 	r->proto = k->proto;
 }
 
+/* reply_key: the key of the reply entry of the flow whose original entry ct
+ * is keyed k: from its backend if DNATed, to its source port on the wire. */
+static __always_inline void reply_key(const struct ct_key *k, const struct ct_value *ct,
+				      struct ct_key *r)
+{
+	reverse(k, r);
+	if (ct->flags & DPC_CT_DNAT) {
+		r->src = ct->nat_addr;
+		r->sport = ct->nat_port;
+	}
+	if (ct->flags & DPC_CT_PORT_MOVED)
+		r->dport = ct->snat_port;
+}
+
 /* entry_stale: the conntrack entry o belongs to a flow that is over: it saw a
  * FIN or RST and has been quiet since, or it has been idle past its protocol's
  * timeout. A new flow may take its tuple over. */
@@ -329,20 +343,103 @@ static __always_inline void put_plain(const struct ct_key *k, const struct ct_va
 		ct_mirror(k, v);
 }
 
-/* track_plain records a flow that needs no NAT, in both directions. */
-static __always_inline void track_plain(const struct ct_key *k, __u32 flags, __u64 now)
+/* Candidate ports of a moved flow (DPC_CT_PORT_MOVED) and of a NodePort SNAT. */
+#define SNAT_PORTS (DPC_SNAT_PORT_MAX - DPC_SNAT_PORT_MIN + 1)
+
+/* reply_held: r, the reply tuple of a new flow from a workload, is held by
+ * another flow that lives (as put_plain judges it: a closing flow gives way):
+ * writing the new flow's reply entry rv over it would turn that flow's replies
+ * into the new one's. An entry of the same flow (its client restarts it) is
+ * not another's. */
+static __always_inline int reply_held(const struct ct_key *r, const struct ct_value *rv, __u64 now)
+{
+	struct ct_value *o = ct_lookup(r);
+
+	if (!o || (o->flags & DPC_CT_CLOSING) || entry_stale(o, r->proto, now))
+		return 0;
+	return !((o->flags & DPC_CT_REPLY) && !(o->flags & DPC_CT_PORT_MOVED) &&
+		 (o->flags & DPC_CT_DNAT) == (rv->flags & DPC_CT_DNAT) &&
+		 o->nat_addr == rv->nat_addr && o->nat_port == rv->nat_port);
+}
+
+/* move_port finds another source port for the flow keyed k, whose reply tuple
+ * r is held (reply_held), and records rv, the flow's reply entry, under it (in
+ * r's dport): the first candidate, from a hash of k, that is free or whose
+ * entry is stale. It returns the port, or 0 if every candidate is taken. */
+static __always_inline __be16 move_port(const struct ct_key *k, struct ct_key *r,
+					const struct ct_value *rv, __u64 now)
+{
+	__u32 h = flow_hash(k);
+	struct ct_value *o;
+	__be16 cand;
+	int i;
+
+	for (i = 0; i < DPC_SNAT_TRIES; i++) {
+		cand = bpf_htons(DPC_SNAT_PORT_MIN + (h + i) % SNAT_PORTS);
+		r->dport = cand;
+		o = ct_lookup(r);
+		if (o && !entry_stale(o, r->proto, now))
+			continue;
+		if (bpf_map_update_elem(&dpc_conntrack, r, rv, o ? BPF_ANY : BPF_NOEXIST) == 0) {
+			ct_mirror(r, rv);
+			return cand;
+		}
+	}
+	return 0;
+}
+
+/* track_both records rv, the reply entry of a new flow keyed k (r: its
+ * reply tuple), and v, its original entry. A flow from a workload whose reply
+ * tuple another live flow holds gets another source port (DPC_CT_PORT_MOVED),
+ * set in *sport; else *sport is k's. It returns -1 if no entry could be
+ * written or no port was free. */
+static __always_inline int track_both(const struct ct_key *k, struct ct_value *v,
+				      struct ct_key *r, struct ct_value *rv, int from_pod,
+				      __u64 now, __be16 *sport)
+{
+	*sport = k->sport;
+	if (from_pod && reply_held(r, rv, now)) {
+		rv->flags |= DPC_CT_PORT_MOVED;
+		rv->snat_port = k->sport;
+		*sport = move_port(k, r, rv, now);
+		if (!*sport)
+			return -1;
+		v->flags |= DPC_CT_PORT_MOVED;
+		v->snat_port = *sport;
+	} else if (rv->flags & DPC_CT_DNAT) {
+		/* A new SYN for the tuple starts a new flow: older entries go. */
+		if (bpf_map_update_elem(&dpc_conntrack, r, rv, BPF_ANY) < 0)
+			return -1;
+		ct_mirror(r, rv);
+	} else {
+		put_plain(r, rv, now);
+	}
+	if (!(v->flags & DPC_CT_DNAT)) {
+		put_plain(k, v, now);
+		return 0;
+	}
+	if (bpf_map_update_elem(&dpc_conntrack, k, v, BPF_ANY) < 0)
+		return -1;
+	ct_mirror(k, v);
+	return 0;
+}
+
+/* track_plain records a flow that needs no NAT, in both directions (see
+ * track_both for from_pod and *sport). */
+static __always_inline int track_plain(const struct ct_key *k, __u32 flags, int from_pod,
+				       __u64 now, __be16 *sport)
 {
 	struct ct_value v = {
 		.created_ns = now,
 		.last_seen_ns = now,
 		.flags = flags,
 	};
+	struct ct_value rv = v;
 	struct ct_key r = {};
 
-	put_plain(k, &v, now);
 	reverse(k, &r);
-	v.flags |= DPC_CT_REPLY;
-	put_plain(&r, &v, now);
+	rv.flags |= DPC_CT_REPLY;
+	return track_both(k, &v, &r, &rv, from_pod, now, sport);
 }
 
 #endif /* DPC_CONNTRACK_H */

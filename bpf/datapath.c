@@ -74,16 +74,11 @@ static __always_inline int reset_gone(struct __sk_buff *skb, const struct pkt *p
 		__u8 proto;
 		__be16 len;
 	} pseudo = {};
-	struct ct_key r = {
-		.src = ct->nat_addr,
-		.dst = p->tuple.src,
-		.sport = ct->nat_port,
-		.dport = p->tuple.sport,
-		.proto = IPPROTO_TCP,
-	};
+	struct ct_key r = {};
 	__u32 payload;
 	__s64 sum;
 
+	reply_key(&p->tuple, ct, &r);
 	ct_delete(&p->tuple);
 	ct_delete(&r);
 	if (p->l4_off != IP_OFF + sizeof(struct iphdr) || (p->tcp_flags & TH_RST))
@@ -150,11 +145,13 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 	struct pkt p = {};
 	int host = !ep;
 	__u32 flags = host ? DPC_CT_HOST_INGRESS : 0;
+	__be16 sport; /* the source port on the wire (DPC_CT_PORT_MOVED) */
 	__u64 now;
 
 	if (parse(skb, &p) < 0)
 		return TC_ACT_OK;
 
+	sport = p.tuple.sport;
 	now = bpf_ktime_get_ns();
 	ct = ct_lookup(&p.tuple);
 	if (ct) {
@@ -193,6 +190,9 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 			if ((ct->flags & DPC_CT_DNAT) &&
 			    rewrite(skb, &p, 1, ct->nat_addr, ct->nat_port) < 0)
 				return TC_ACT_SHOT;
+			if ((ct->flags & DPC_CT_PORT_MOVED) &&
+			    rewrite(skb, &p, 0, p.tuple.src, ct->snat_port) < 0)
+				return TC_ACT_SHOT;
 			set_mark(skb, DPC_MARK_SEEN);
 			return TC_ACT_OK;
 		}
@@ -218,8 +218,14 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 		/* A new flow without NAT, or a SYN that restarts one. */
 		if (ep && policy_denies(ep, skb->ifindex, DPC_DIR_EGRESS, &p.tuple))
 			return TC_ACT_SHOT;
-		if (!ct)
-			track_plain(&p.tuple, flags, now);
+		if (!ct) {
+			if (track_plain(&p.tuple, flags, !host, now, &sport) < 0)
+				return TC_ACT_SHOT;
+		} else if (ct->flags & DPC_CT_PORT_MOVED) {
+			sport = ct->snat_port;
+		}
+		if (sport != p.tuple.sport && rewrite(skb, &p, 0, p.tuple.src, sport) < 0)
+			return TC_ACT_SHOT;
 		set_mark(skb, DPC_MARK_SEEN);
 		return TC_ACT_OK;
 	}
@@ -248,10 +254,14 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 	}
 	if (!(ct && (ct->flags & DPC_CT_DNAT) && ct->nat_addr == be->addr &&
 	      ct->nat_port == be->port)) {
-		if (track_nat(&p.tuple, be, fe->service_id, flags, now) < 0)
+		if (track_nat(&p.tuple, be, fe->service_id, flags, !host, now, &sport) < 0)
 			return TC_ACT_SHOT;
+	} else if (ct->flags & DPC_CT_PORT_MOVED) {
+		sport = ct->snat_port;
 	}
 	if (rewrite(skb, &p, 1, be->addr, be->port) < 0)
+		return TC_ACT_SHOT;
+	if (sport != p.tuple.sport && rewrite(skb, &p, 0, p.tuple.src, sport) < 0)
 		return TC_ACT_SHOT;
 	set_mark(skb, DPC_MARK_SEEN);
 	return TC_ACT_OK;
@@ -279,6 +289,10 @@ static __always_inline int to_iface(struct __sk_buff *skb, const struct endpoint
 		touch(ct, &p, now);
 		if ((ct->flags & (DPC_CT_REPLY | DPC_CT_DNAT)) == (DPC_CT_REPLY | DPC_CT_DNAT) &&
 		    rewrite(skb, &p, 0, ct->nat_addr, ct->nat_port) < 0)
+			return TC_ACT_SHOT;
+		if ((ct->flags & (DPC_CT_REPLY | DPC_CT_PORT_MOVED)) ==
+			    (DPC_CT_REPLY | DPC_CT_PORT_MOVED) &&
+		    rewrite(skb, &p, 1, p.tuple.dst, ct->snat_port) < 0)
 			return TC_ACT_SHOT;
 		set_mark(skb, DPC_MARK_SEEN);
 		return TC_ACT_OK;

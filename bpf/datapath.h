@@ -133,6 +133,16 @@ struct ct_key {
  * replies to another client. Its packets go on falling through; once stale,
  * a SNAT may take the port. */
 #define DPC_CT_FOREIGN      (1U << 8)
+/* The flow's source port was moved where it entered from its workload: its
+ * tuple on the wire, after DNAT, was a live flow's (a client may use one
+ * source port towards two destinations, say a Service's frontend and one of
+ * its backends, and DNAT makes the two one tuple; Linux NAT moves the second
+ * flow's port too). Original entry: snat_port is the source port on the
+ * wire. Reply entry, keyed by that port: snat_port is the client's own,
+ * restored as destination where the reply leaves. The port is one of the
+ * SNAT range (DPC_SNAT_PORT_MIN-MAX), which the workload's own connections
+ * do not use, tried as a SNAT port is (DPC_SNAT_TRIES). */
+#define DPC_CT_PORT_MOVED   (1U << 9)
 
 /*
  * The value of a conntrack entry has two formats. An object is built for one
@@ -154,7 +164,7 @@ struct ct_value_v1 {
 	__u32 service_id;   /* for NAT flows, the frontend's service id */
 	__be32 nat_addr;
 	__be16 nat_port;
-	__be16 snat_port;   /* with DPC_CT_SNAT */
+	__be16 snat_port;   /* with DPC_CT_SNAT or DPC_CT_PORT_MOVED */
 };
 
 /* Format 2 (refdp v2): format 1 with a count of the packets and bytes that

@@ -181,6 +181,8 @@ func TestConstantsMatchHeader(t *testing.T) {
 		"DPC_EP_EGRESS_ISOLATED":  uint64(EndpointEgressIsolated),
 		"DPC_CT_INGRESS_OK":       uint64(ConntrackIngressOK),
 		"DPC_CT_BACKEND_GONE":     uint64(ConntrackBackendGone),
+		"DPC_CT_FOREIGN":          uint64(ConntrackForeign),
+		"DPC_CT_PORT_MOVED":       uint64(ConntrackPortMoved),
 		"DPC_IPSETS_MAX":          MaxIPSets,
 		"DPC_POLICY_MAX":          MaxPolicy,
 		"DPC_POLICY_RULES_MAX":    MaxPolicyRules,

@@ -25,9 +25,11 @@ struct {
 } dpc_backends SEC(".maps");
 
 /* track_nat records a DNAT flow in both directions (replacing older entries:
- * a new SYN for the tuple starts a new flow). */
+ * a new SYN for the tuple starts a new flow); see track_both for from_pod and
+ * *sport. */
 static __always_inline int track_nat(const struct ct_key *k, const struct backend_value *be,
-				     __u32 service_id, __u32 flags, __u64 now)
+				     __u32 service_id, __u32 flags, int from_pod, __u64 now,
+				     __be16 *sport)
 {
 	struct ct_value v = {
 		.created_ns = now,
@@ -37,6 +39,7 @@ static __always_inline int track_nat(const struct ct_key *k, const struct backen
 		.nat_addr = be->addr,
 		.nat_port = be->port,
 	};
+	struct ct_value rv = v;
 	struct ct_key r = {
 		.src = be->addr,
 		.dst = k->src,
@@ -45,16 +48,10 @@ static __always_inline int track_nat(const struct ct_key *k, const struct backen
 		.proto = k->proto,
 	};
 
-	if (bpf_map_update_elem(&dpc_conntrack, k, &v, BPF_ANY) < 0)
-		return -1;
-	ct_mirror(k, &v);
-	v.flags |= DPC_CT_REPLY;
-	v.nat_addr = k->dst;
-	v.nat_port = k->dport;
-	if (bpf_map_update_elem(&dpc_conntrack, &r, &v, BPF_ANY) < 0)
-		return -1;
-	ct_mirror(&r, &v);
-	return 0;
+	rv.flags |= DPC_CT_REPLY;
+	rv.nat_addr = k->dst;
+	rv.nat_port = k->dport;
+	return track_both(k, &v, &r, &rv, from_pod, now, sport);
 }
 
 #endif /* DPC_NAT_H */

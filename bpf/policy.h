@@ -159,15 +159,7 @@ static __always_inline void ingress_restart(const struct ct_key *k, struct ct_va
 	struct ct_key r = {};
 
 	ct->flags &= ~DPC_CT_INGRESS_OK;
-	if (ct->flags & DPC_CT_DNAT) {
-		r.src = ct->nat_addr;
-		r.dst = k->src;
-		r.sport = ct->nat_port;
-		r.dport = k->sport;
-		r.proto = k->proto;
-	} else {
-		reverse(k, &r);
-	}
+	reply_key(k, ct, &r);
 	ct_mirror(k, ct);
 	rev = ct_lookup(&r);
 	if (rev && (rev->flags & DPC_CT_REPLY) && (rev->flags & DPC_CT_INGRESS_OK)) {

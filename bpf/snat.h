@@ -16,8 +16,6 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } dpc_config SEC(".maps");
 
-#define SNAT_PORTS   (DPC_SNAT_PORT_MAX - DPC_SNAT_PORT_MIN + 1)
-
 /* A fault switch of the reference's self-test ("snat-port-unchecked",
  * bpf.Options.SNATPortUnchecked), set at load time; while it is 0 the
  * verifier prunes the fault's code. With it, a new flow that finds none of

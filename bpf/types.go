@@ -339,6 +339,14 @@ const (
 	// through at host ingress: no SNAT of the datapath takes that port
 	// towards the same backend while the flow lives.
 	ConntrackForeign ConntrackFlags = 1 << 8
+	// ConntrackPortMoved: the flow's source port was moved where it entered
+	// from its workload, because its tuple on the wire (after DNAT) was a live
+	// flow's: a client may use one source port towards a Service's frontend and
+	// one of its backends, which DNAT makes one tuple. Original entry: SNATPort
+	// is the source port on the wire, one of the SNAT range. Reply entry, keyed
+	// by that port: SNATPort is the client's own port, restored as destination
+	// where the reply leaves.
+	ConntrackPortMoved ConntrackFlags = 1 << 9
 )
 
 // ConntrackValue is a conntrack entry's value, in either format
@@ -359,7 +367,9 @@ type ConntrackValue struct {
 	ServiceID      uint32
 	NATAddr        netip.Addr
 	NATPort        uint16
-	SNATPort       uint16
+	// SNATPort is the port of a SNAT (ConntrackSNAT) or of a moved flow
+	// (ConntrackPortMoved).
+	SNATPort uint16
 }
 
 // MarshalBinary encodes v in the default format (struct ct_value_v2).
