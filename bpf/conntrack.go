@@ -77,16 +77,7 @@ func dnatFlowEntries(table map[ConntrackKey]ConntrackValue, flows []DNATFlows) [
 	}
 	var out []ConntrackKey
 	for k, v := range table {
-		if v.Flags&ConntrackDNAT == 0 || v.Flags&ConntrackSNATReply != 0 {
-			continue
-		}
-		// The original entry is keyed client -> frontend and names the backend;
-		// the reply entry is keyed backend -> client and names the frontend.
-		f := DNATFlows{Frontend: FrontendKey{Addr: k.Dst, Port: k.DstPort, Proto: k.Proto}, Backend: BackendValue{Addr: v.NATAddr, Port: v.NATPort}}
-		if v.Flags&ConntrackReply != 0 {
-			f = DNATFlows{Frontend: FrontendKey{Addr: v.NATAddr, Port: v.NATPort, Proto: k.Proto}, Backend: BackendValue{Addr: k.Src, Port: k.SrcPort}}
-		}
-		if !stale[f] {
+		if f, ok := dnatFlowOf(k, v); !ok || !stale[f] {
 			continue
 		}
 		out = append(out, k)
@@ -98,6 +89,26 @@ func dnatFlowEntries(table map[ConntrackKey]ConntrackValue, flows []DNATFlows) [
 		}
 	}
 	return out
+}
+
+// dnatFlowOf returns the frontend and backend of the DNAT flow that entry (k, v)
+// belongs to: its original entry is keyed client -> frontend and names the
+// backend, its reply entry is keyed backend -> client and names the frontend. ok
+// is false for an entry of no DNAT flow, or a SNAT reply entry.
+func dnatFlowOf(k ConntrackKey, v ConntrackValue) (f DNATFlows, ok bool) {
+	if v.Flags&ConntrackDNAT == 0 || v.Flags&ConntrackSNATReply != 0 {
+		return DNATFlows{}, false
+	}
+	if v.Flags&ConntrackReply != 0 {
+		return DNATFlows{Frontend: FrontendKey{Addr: v.NATAddr, Port: v.NATPort, Proto: k.Proto}, Backend: BackendValue{Addr: k.Src, Port: k.SrcPort}}, true
+	}
+	return DNATFlows{Frontend: FrontendKey{Addr: k.Dst, Port: k.DstPort, Proto: k.Proto}, Backend: BackendValue{Addr: v.NATAddr, Port: v.NATPort}}, true
+}
+
+// liveTCPOriginal reports whether (k, v) is the original entry of a TCP flow that
+// is not over at now (flowOver).
+func liveTCPOriginal(k ConntrackKey, v ConntrackValue, now uint64) bool {
+	return k.Proto == TCP && v.Flags&(ConntrackReply|ConntrackSNATReply) == 0 && !flowOver(v, now)
 }
 
 // MarkDNATFlowsGone flags the original conntrack entry of every TCP flow DNATed
@@ -140,7 +151,7 @@ func (d *Datapath) markDNATFlowsGone(all map[ConntrackKey]ConntrackValue, flows 
 	n := 0
 	var errs []error
 	for _, k := range dnatFlowEntries(all, flows) {
-		if k.Proto != TCP || all[k].Flags&(ConntrackReply|ConntrackSNATReply) != 0 || flowOver(all[k], now) {
+		if !liveTCPOriginal(k, all[k], now) {
 			continue
 		}
 		var v ConntrackValue
@@ -187,11 +198,10 @@ func tcpDNATFlows(table map[ConntrackKey]ConntrackValue, now uint64) []DNATFlows
 	seen := map[DNATFlows]bool{}
 	var out []DNATFlows
 	for k, v := range table {
-		// The original entry is keyed client -> frontend and names the backend.
-		if k.Proto != TCP || v.Flags&ConntrackDNAT == 0 || v.Flags&(ConntrackReply|ConntrackSNATReply) != 0 || flowOver(v, now) {
+		f, ok := dnatFlowOf(k, v)
+		if !ok || !liveTCPOriginal(k, v, now) {
 			continue
 		}
-		f := DNATFlows{Frontend: FrontendKey{Addr: k.Dst, Port: k.DstPort, Proto: k.Proto}, Backend: BackendValue{Addr: v.NATAddr, Port: v.NATPort}}
 		if !seen[f] {
 			seen[f] = true
 			out = append(out, f)
