@@ -42,39 +42,40 @@ func vanished(on string, endMs int, down [2]int) timeline.Window {
 // ready of node-a's agent where it was down meanwhile; a round in which none reached
 // the spare has nothing to judge.
 func TestEndedOnVanish(t *testing.T) {
-	g := NewWithT(t)
-	check := func() matchers.Matcher {
-		return newEndedOnVanish("spare-a", "node-a", 2*time.Second, []string{"stream-join-1"}).WithDefaults()
+	for _, tc := range []struct {
+		name     string
+		spare    string // the spare the timeline's streams reached
+		resetAt  int    // ms from the start to the streams' reset; 0: never
+		down     [2]int // when node-a's agent was down, ms from the start
+		wantOK   bool
+		wantKind matchers.Kind
+		wantText string // the first figure's, if not empty
+	}{
+		{name: "reset 600 ms after the vanishing", spare: "spare-a", resetAt: 3100, wantOK: true},
+		{name: "never ended: it hangs", spare: "spare-a", wantKind: matchers.KindHang},
+		{name: "reset 2.5 s after the vanishing, with the agent up", spare: "spare-a", resetAt: 5000},
+		{name: "the agent was down from 200 ms after the vanishing to 700 ms: 2 s from its ready", spare: "spare-a", resetAt: 5000, down: [2]int{2700, 3200}, wantOK: true},
+		{name: "no stream on spare-a: nothing to end", spare: "web-local", wantOK: true, wantText: "no stream had reached spare-a before it vanished: none to end"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			g := NewWithT(t)
+			m := newEndedOnVanish("spare-a", "node-a", 2*time.Second, []string{"stream-join-1"}).WithDefaults()
+			ok, err := m.Match(vanished(tc.spare, tc.resetAt, tc.down))
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(ok).To(Equal(tc.wantOK))
+			if tc.wantKind != "" {
+				g.Expect(m.Result().Kind).To(Equal(tc.wantKind))
+			}
+			if tc.wantText != "" {
+				g.Expect(m.Result().Figures[0].Text).To(Equal(tc.wantText))
+			}
+			if !ok {
+				t.Logf("%s", m.FailureMessage(nil))
+			}
+		})
 	}
-	m := check()
-	ok, err := m.Match(vanished("spare-a", 3100, [2]int{}))
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(ok).To(BeTrue(), "reset 600 ms after the vanishing")
-
-	m = check()
-	ok, err = m.Match(vanished("spare-a", 0, [2]int{}))
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(ok).To(BeFalse(), "never ended: it hangs")
-	g.Expect(m.Result().Kind).To(Equal(matchers.KindHang))
-	t.Logf("%s", m.FailureMessage(nil))
-
-	m = check()
-	ok, _ = m.Match(vanished("spare-a", 5000, [2]int{}))
-	g.Expect(ok).To(BeFalse(), "reset 2.5 s after the vanishing, with the agent up")
-	m = check()
-	ok, err = m.Match(vanished("spare-a", 5000, [2]int{2700, 3200}))
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(ok).To(BeTrue(), "the agent was down from 200 ms after the vanishing to 700 ms: 2 s from its ready")
-
-	m = check()
-	ok, err = m.Match(vanished("web-local", 0, [2]int{}))
-	g.Expect(err).NotTo(HaveOccurred())
-	g.Expect(ok).To(BeTrue(), "no stream on spare-a: nothing to end")
-	g.Expect(m.Result().Verdict).To(Equal(matchers.Pass))
-	g.Expect(m.Result().Figures[0].Text).To(Equal("no stream had reached spare-a before it vanished: none to end"))
-
-	_, err = check().Match("a string")
-	g.Expect(err).To(MatchError(ContainSubstring("expected a timeline.Window")))
+	_, err := newEndedOnVanish("spare-a", "node-a", 2*time.Second, nil).WithDefaults().Match("a string")
+	NewWithT(t).Expect(err).To(MatchError(ContainSubstring("expected a timeline.Window")))
 }
 
 // A spare vanishes only once it has left its Service, 2.5 s or more before; never
