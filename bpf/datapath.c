@@ -170,13 +170,11 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 		}
 		if (ct->flags & DPC_CT_REPLY) {
 			/* A workload whose ingress is isolated answers only
-			 * the flows its policy admitted. */
+			 * the flows its policy admits. */
 			if (ep && (ep->flags & DPC_EP_INGRESS_ISOLATED) &&
-			    !(ct->flags & DPC_CT_INGRESS_OK)) {
-				report_verdict(&p.tuple, skb->ifindex, DPC_DIR_INGRESS,
-					       DPC_VERDICT_DENY, DPC_REASON_NOT_ADMITTED);
+			    !(ct->flags & DPC_CT_INGRESS_OK) &&
+			    !reply_admit(ep, skb->ifindex, &p, ct))
 				return TC_ACT_SHOT;
-			}
 			/* Reverse DNAT happens where the reply leaves. */
 			set_mark(skb, DPC_MARK_SEEN);
 			return TC_ACT_OK;

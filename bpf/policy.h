@@ -70,7 +70,8 @@ static long rule_matches(__u64 index, void *ctx)
 	return 1;
 }
 
-/* policy_denies judges a new flow f in direction dir of the endpoint ep
+/* policy_denies (policy_judge with report_deny) judges a new flow f in
+ * direction dir of the endpoint ep
  * (behind interface ifindex): it denies if the direction is isolated and none
  * of its live rules matches the peer (the source for ingress, the
  * destination for egress), the destination port and the protocol. f is the
@@ -83,8 +84,8 @@ static long rule_matches(__u64 index, void *ctx)
  * loop: the verifier checks its body once, whereas it would walk a bounded
  * loop iteration by iteration, DPC_POLICY_RULES_MAX times at each of the
  * places that ask for a verdict, in both endpoint programs. */
-static __always_inline int policy_denies(const struct endpoint_value *ep, __u32 ifindex, __u8 dir,
-					 const struct ct_key *f)
+static __always_inline int policy_judge(const struct endpoint_value *ep, __u32 ifindex, __u8 dir,
+					const struct ct_key *f, int report_deny)
 {
 	/* The writer flips the flags, the slot and the counts in one update of
 	 * the endpoint: read them once, together. */
@@ -113,8 +114,16 @@ static __always_inline int policy_denies(const struct endpoint_value *ep, __u32 
 		report_verdict(f, ifindex, dir, DPC_VERDICT_ALLOW, DPC_REASON_RULE_MATCHED);
 		return 0;
 	}
-	report_verdict(f, ifindex, dir, DPC_VERDICT_DENY, n ? DPC_REASON_NO_MATCH : DPC_REASON_NO_RULES);
+	if (report_deny)
+		report_verdict(f, ifindex, dir, DPC_VERDICT_DENY,
+			       n ? DPC_REASON_NO_MATCH : DPC_REASON_NO_RULES);
 	return 1;
+}
+
+static __always_inline int policy_denies(const struct endpoint_value *ep, __u32 ifindex, __u8 dir,
+					 const struct ct_key *f)
+{
+	return policy_judge(ep, ifindex, dir, f, 1);
 }
 
 /* ingress_admit judges a packet in the original direction of its flow where
@@ -146,6 +155,40 @@ static __always_inline int ingress_admit(const struct endpoint_value *ep, __u32 
 		if (rev && (rev->flags & DPC_CT_REPLY)) {
 			rev->flags |= DPC_CT_INGRESS_OK;
 			ct_mirror(&r, rev);
+		}
+	}
+	return 1;
+}
+
+/* reply_admit: ct, keyed by the tuple of p, is the reply entry of a flow to
+ * the endpoint ep, whose ingress is isolated, and ep answers the flow though
+ * its ingress never judged it: the flow's first packets reached ep before its
+ * programs were attached (a pod that predates the datapath, as after a switch
+ * from kube-proxy: its interface is not gated until the first round attaches
+ * its programs). Its ingress policy judges the flow now, as its first packet
+ * would have been judged: admitted, it goes on as any admitted flow; else ep's
+ * reply is dropped, and reported as a reply on a flow not admitted. It
+ * returns 0 if the packet must be dropped. */
+static __always_inline int reply_admit(const struct endpoint_value *ep, __u32 ifindex,
+				       const struct pkt *p, struct ct_value *ct)
+{
+	struct ct_value *orig;
+	struct ct_key o = {};
+
+	reverse(&p->tuple, &o);
+	if (policy_judge(ep, ifindex, DPC_DIR_INGRESS, &o, 0)) {
+		report_verdict(&p->tuple, ifindex, DPC_DIR_INGRESS, DPC_VERDICT_DENY,
+			       DPC_REASON_NOT_ADMITTED);
+		return 0;
+	}
+	ct->flags |= DPC_CT_INGRESS_OK;
+	ct_mirror(&p->tuple, ct);
+	if (!(ct->flags & DPC_CT_DNAT)) {
+		/* No NAT: ep's tc egress finds the flow by its original entry. */
+		orig = ct_lookup(&o);
+		if (orig && !(orig->flags & DPC_CT_REPLY)) {
+			orig->flags |= DPC_CT_INGRESS_OK;
+			ct_mirror(&o, orig);
 		}
 	}
 	return 1;

@@ -333,3 +333,36 @@ func TestEndpointPolicyAPI(t *testing.T) {
 		t.Errorf("endpoint left after detach: %v", err)
 	}
 }
+
+// A flow whose first packets reached an isolated pod before the pod's programs
+// were attached (a pod that predates the datapath, as after a switch from
+// kube-proxy) was never judged by the pod's ingress. The pod's reply has it
+// judged: an admitted flow goes on, with one allow for the flow, as if its first
+// packet had met the programs; a denied one is dropped, each reply reported as a
+// reply on a flow not admitted.
+func TestReplyJudgesAFlowThatPredatesThePodsPrograms(t *testing.T) {
+	d := setup(t, Options{})
+	r := verdicts(t, d)
+	ipset(t, d, 5, []string{"10.200.0.2/32"}) // client
+	must(t, d.SetEndpointPolicy(testIfindex, EndpointPolicy{IngressIsolated: true, Ingress: []PolicyRule{{SetID: 5}}}))
+
+	t0 := monotonicNow(t)
+	member, nonMember := tcp(client, pod, tcpSYN), tcp(outsider, pod, tcpSYN)
+	for _, p := range []packet{member, nonMember} {
+		// Through the host interface only: the pod's programs are not there yet.
+		if res := run(t, d.objs.TcHostIngress, p.Bytes(), 0); res.Ret != tcActOK {
+			t.Fatalf("%s at host ingress: returned %d", p, res.Ret)
+		}
+	}
+	admitted, notAdmitted := tcp(pod, client, tcpSYN|tcpACK), tcp(pod, outsider, tcpSYN|tcpACK)
+	expectVerdict(t, "the pod's SYN-ACK to the member", run(t, d.objs.TcEpIngress, admitted.Bytes(), 0).Ret, tcActOK)
+	expectVerdict(t, "the pod's SYN-ACK to the non-member", run(t, d.objs.TcEpIngress, notAdmitted.Bytes(), 0).Ret, tcActShot)
+	expectVerdicts(t, "the replies", r, t0, allow(Ingress, member), deny(Ingress, ReasonNotAdmitted, notAdmitted))
+
+	// The admitted flow goes on both ways, not judged again; the other does not.
+	t0 = monotonicNow(t)
+	expectVerdict(t, "the member's ACK", toPod(t, d, tcp(client, pod, tcpACK)), tcActOK)
+	expectVerdict(t, "the pod's next reply to the member", run(t, d.objs.TcEpIngress, tcp(pod, client, tcpACK).Bytes(), 0).Ret, tcActOK)
+	expectVerdict(t, "the pod's next reply to the non-member", run(t, d.objs.TcEpIngress, notAdmitted.Bytes(), 0).Ret, tcActShot)
+	expectVerdicts(t, "the rest of the flows", r, t0, deny(Ingress, ReasonNotAdmitted, notAdmitted))
+}
