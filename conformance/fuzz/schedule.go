@@ -393,10 +393,11 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 			s.Actions[i].Like = PodLikes[likes.IntN(len(PodLikes))]
 		}
 	}
-	s.Actions = vanishes(rand.New(rand.NewPCG(seed, uint64(round)^vanishStream)), s.Actions)
 	// A step drawn after an outage's inner one may fall due before it: in the order
 	// they are due, a spare leaves only a Service it is in. (An address is added only
-	// once the one before is removed, so those are in order as drawn.)
+	// once the one before is removed, so those are in order as drawn.) Before the
+	// vanish is drawn: a leave made a join here would otherwise bring back into its
+	// Service the spare that vanishes.
 	clear(member)
 	for i := range s.Actions {
 		switch a := &s.Actions[i]; a.Op {
@@ -411,6 +412,7 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 			delete(member, a.Backend)
 		}
 	}
+	s.Actions = vanishes(rand.New(rand.NewPCG(seed, uint64(round)^vanishStream)), s.Actions)
 	return s
 }
 
