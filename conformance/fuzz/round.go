@@ -78,7 +78,7 @@ var Profiles = []conformance.Profile{conformance.Core, conformance.Upgrade, conf
 func ClaimsOf(info driver.Info) Claims {
 	c := Claims{Nodes: 2, Upgrade: upgrades(info)}
 	if serviced(info) {
-		c.Spares, c.Services, c.Switch, c.Address = Spares, Services, switches(info), true
+		c.Spares, c.Services, c.Switch, c.Address, c.Churn = Spares, Services, switches(info), true, true
 	}
 	if policed(info) {
 		c.Policies = PolicyCases()
@@ -150,6 +150,9 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 	if netpolWorld(s, info) {
 		sp.Features = append(sp.Features, conformance.FeatureNetworkPolicy)
 		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet, and %d UDP datagrams on each of them, one every {connect-interval}, each from a new socket), each delivered or not as every set of policies in force {policy-programmed} before says.", len(policyPairs), len(newPodPairs), birthDatagrams)
+	}
+	if n := len(s.churns()); n > 0 {
+		sp.Description += fmt.Sprintf(" %d of its steps churn node 1's SNAT ports (a new connection every {connect-interval} on each of %d probes, from the external client through its NodePort to the remote backend): none reset, at most {snat-retry-per-mille} in 1,000 timed out.", n, churnProbes)
 	}
 	if s.HasAddress() {
 		sp.Description += fmt.Sprintf(" The external client opens a new connection every %s to a NodePort on node 1's spare address, which must answer from {address-programmed} after the address is added and not from {address-programmed} after it is removed.", s.interval())
@@ -306,8 +309,15 @@ func (w *world) validate(s Schedule, info driver.Info) error {
 			if w.core == nil {
 				bad("%s does not claim the %s profile: no NodePort answers on node 1's address", info.Name, conformance.Core)
 			}
+		case OpChurn:
+			if w.core == nil {
+				bad("%s does not claim the %s profile: the world has no NodePort to churn", info.Name, conformance.Core)
+			}
+			if a.For <= 0 {
+				bad("a churn lasts some time: for is %s", time.Duration(a.For))
+			}
 		default:
-			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, vanish, switch, policy, pod, add-address, remove-address)", a.Op)
+			bad("no step %q (the steps are restart, crash, upgrade, outage, join, leave, vanish, switch, policy, pod, add-address, remove-address, churn)", a.Op)
 		}
 	}
 	return errors.Join(append(errs, vanishOrder(s.Actions))...)
@@ -394,15 +404,43 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 // a node from kube-proxy, the hand-over's.
 func (w *world) judgeServices(e *conformance.Env, s Schedule, sc *conformance.Scenario) {
 	var streams []string
+	// Under a churn, the round's own connections on its path reuse SNAT ports at the
+	// churn's pace too: as many of them as of the churn's may time out.
+	var churning time.Duration
+	for _, i := range s.churns() {
+		churning += time.Duration(s.Actions[i].For)
+	}
 	for _, fl := range w.core.ServiceFlows(e.Topo) {
 		c, st := "connect-"+fl.Name, "stream-"+fl.Name
 		streams = append(streams, st)
 		w.service[c] = w.serviceOf(fl.Backend)
+		n := streamsPerFlow
+		if fl.Name == workloads.FlowNodePortRemote && churning > 0 {
+			n = churnStreams
+		}
 		sc.Traffic = append(sc.Traffic,
 			conformance.Traffic{From: fl.From, Probe: probe.Connect{Name: c, Target: fl.Target, Interval: s.interval(), Timeout: e.Budgets.AttemptTimeout}},
-			conformance.Traffic{From: fl.From, Probe: e.Stream(st, fl.Target, streamsPerFlow)})
+			conformance.Traffic{From: fl.From, Probe: e.Stream(st, fl.Target, n)})
 		sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "new connections on " + fl.Name + " succeed before the schedule", Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(c))})
-		sc.Checks = append(sc.Checks, conformance.Check{Name: "every new connection on " + fl.Name + " succeeds", Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(c))})
+		allow := 0
+		if fl.Name == workloads.FlowNodePortRemote {
+			allow = churnAllowance(int(churning/s.interval()), e.Budgets.SNATRetryPerMille)
+		}
+		if allow == 0 {
+			sc.Checks = append(sc.Checks, conformance.Check{Name: "every new connection on " + fl.Name + " succeeds", Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(c))})
+			continue
+		}
+		sc.Checks = append(sc.Checks,
+			conformance.Check{Name: "no new connection on " + fl.Name + " reset or refused", Matcher: matchers.HaveNoResets(matchers.Probes(c))},
+			conformance.Check{Name: fmt.Sprintf("every new connection on %s succeeds, but %d that may time out under the churn (snat-retry-per-mille)", fl.Name, allow),
+				Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(c), matchers.Allow(allow))})
+	}
+	for _, i := range s.churns() {
+		for _, name := range churnNames(i + 1) {
+			w.service[name] = w.serviceOf(w.churnPath(e).Backend)
+		}
+		sc.Checks = append(sc.Checks, conformance.Check{Name: fmt.Sprintf("no connection of step %d's churn fails, but snat-retry-per-mille that time out", i+1),
+			Matcher: newChurned(i+1, e.Budgets.SNATRetryPerMille)})
 	}
 	only := matchers.Probes(streams...)
 	sc.Preconditions = append(sc.Preconditions, conformance.Check{Name: "the streams carry echoes before the schedule", Matcher: matchers.HaveStreamGapsWithin(e.Budgets.StreamMaxGap, only)})
@@ -553,6 +591,8 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 			return w.pol.addPod(ctx, e, fmt.Sprintf("new-%d", i+1), a.like(), w.nodes[0])
 		case OpAddAddress, OpRemoveAddress:
 			return w.addr.set(ctx, e, a.Op == OpAddAddress)
+		case OpChurn:
+			return w.churn(ctx, e, i+1, time.Duration(a.For))
 		}
 		return fmt.Errorf("no step %q", a.Op)
 	}

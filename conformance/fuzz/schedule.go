@@ -62,6 +62,13 @@ const (
 	OpAddAddress Op = "add-address"
 	// OpRemoveAddress removes it again: nothing may answer there then.
 	OpRemoveAddress Op = "remove-address"
+	// OpChurn puts node 1's SNAT ports under pressure For: the external client
+	// opens churnProbes new connections every connect-interval (the catalogue's,
+	// 2 ms) through node 1's NodePort to the Service whose own backend is on node
+	// 2, a path the datapath SNATs, while the round's streams hold that path
+	// (SVC-SNAT-PRESSURE's churn): once the range is full, every new flow reuses a
+	// port, and none may take a live stream's.
+	OpChurn Op = "churn"
 )
 
 // Offset is a time from a schedule's start, written as a duration ("1.25s").
@@ -94,7 +101,7 @@ type Action struct {
 	// Node is the agent's node (OpRestart, OpCrash, OpUpgrade, OpOutage, OpSwitch), counted
 	// from 1 in the topology's order.
 	Node    int    `json:"node,omitempty"`
-	For     Offset `json:"for,omitempty"`     // OpOutage: how long the agent stays down
+	For     Offset `json:"for,omitempty"`     // OpOutage: how long the agent stays down; OpChurn: how long it churns
 	Backend string `json:"backend,omitempty"` // OpJoin, OpLeave, OpVanish: a spare backend
 	Service string `json:"service,omitempty"` // OpJoin
 	Case    string `json:"case,omitempty"`    // OpPolicy
@@ -134,6 +141,8 @@ func (a Action) String() string {
 		return fmt.Sprintf("%s add node 1's spare address", at)
 	case OpRemoveAddress:
 		return fmt.Sprintf("%s remove node 1's spare address", at)
+	case OpChurn:
+		return fmt.Sprintf("%s churn node 1's SNAT ports for %s", at, time.Duration(a.For))
 	}
 	return fmt.Sprintf("%s %s node %d", at, a.Op, a.Node)
 }
@@ -148,6 +157,9 @@ func (a Action) resource() string {
 	}
 	if a.HasAddress() {
 		return "address"
+	}
+	if a.Op == OpChurn {
+		return "churn"
 	}
 	return fmt.Sprintf("node %d", a.Node)
 }
@@ -216,6 +228,17 @@ func (s Schedule) Vanished() []string {
 	return out
 }
 
+// churns are the indexes of s's churns.
+func (s Schedule) churns() []int {
+	var out []int
+	for i, a := range s.Actions {
+		if a.Op == OpChurn {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
 // joinStreams are the names of the streams s's joins of a ready spare open.
 func (s Schedule) joinStreams() []string {
 	var out []string
@@ -251,11 +274,21 @@ func (s Schedule) Span() time.Duration {
 // the ones moved in time lose nothing. Shrinking keeps it too.
 const vanishAfterLeave = 2500 * time.Millisecond
 
-// podLikeStream and vanishStream set the random streams of new pods' labels and of
-// spares' vanishing apart from a round's own.
+// podLikeStream, vanishStream and churnStream set the random streams of new pods'
+// labels, of spares' vanishing and of churns apart from a round's own.
 const (
 	podLikeStream = 1 << 63
 	vanishStream  = 1 << 62
+	churnStream   = 1 << 61
+)
+
+// A churn lasts churnFor to churnFor+churnJitter: the reference's 4,536 SNAT ports
+// are all taken some 5 s into SVC-SNAT-PRESSURE's churn, and from then on a port
+// allocator that takes a live flow's port does so about once in 2,300 new flows
+// per stream (the round's two on the path), at 1,000 flows a second.
+const (
+	churnFor    = 10 * time.Second
+	churnJitter = 4 * time.Second
 )
 
 // Claims are what a schedule may draw on: the implementation's nodes, spare
@@ -270,6 +303,8 @@ type Claims struct {
 	Switch   bool
 	Policies []string
 	Address  bool
+	// Churn: node 1's NodePort to node 2's backend, a SNATed path, may be churned.
+	Churn bool
 }
 
 // Generate draws round's schedule of n steps from seed: the same seed, round and
@@ -282,7 +317,10 @@ type Claims struct {
 // in four starts with node 1 (whose agent programs every path) under kube-proxy and
 // switches it at once, so the round's first steps fall inside the hand-over. (Not
 // more: a stream opened through kube-proxy stays in Linux conntrack, so in such a
-// round no stream tests the implementation's own conntrack across a restart.)
+// round no stream tests the implementation's own conntrack across a restart.) About
+// one round in four churns node 1's SNAT ports (OpChurn) for 10 to 14 s from a time
+// in the span: such a round runs that much longer, and so it is drawn apart from
+// the other steps, which stay as they were drawn before there were churns.
 func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Schedule {
 	rng := rand.New(rand.NewPCG(seed, uint64(round)))
 	// A new pod's label is drawn from a stream of its own, so that a seed's steps
@@ -413,7 +451,22 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 		}
 	}
 	s.Actions = vanishes(rand.New(rand.NewPCG(seed, uint64(round)^vanishStream)), s.Actions)
+	if c.Churn {
+		s.Actions = churn(rand.New(rand.NewPCG(seed, uint64(round)^churnStream)), s.Actions, span)
+	}
 	return s
+}
+
+// churn adds to actions, in one draw of four, a churn due at a time in span.
+func churn(rng *rand.Rand, actions []Action, span time.Duration) []Action {
+	if rng.IntN(4) != 0 {
+		return actions
+	}
+	c := Action{At: Offset(time.Duration(rng.Int64N(int64(span))).Round(time.Millisecond)), Op: OpChurn,
+		For: Offset(churnFor + time.Duration(rng.Int64N(int64(churnJitter))).Round(time.Millisecond))}
+	out := append(slices.Clone(actions), c)
+	slices.SortStableFunc(out, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
+	return out
 }
 
 // vanishes adds to actions, in half the draws, the vanishing of a ready spare that

@@ -17,7 +17,7 @@ import (
 	"github.com/dpconform/dpconform/fv/timeline"
 )
 
-var claims = Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: true, Switch: true, Policies: PolicyCases(), Address: true}
+var claims = Claims{Nodes: 2, Spares: Spares, Services: Services, Upgrade: true, Switch: true, Policies: PolicyCases(), Address: true, Churn: true}
 
 func TestGenerateIsSeeded(t *testing.T) {
 	g := NewWithT(t)
@@ -25,7 +25,7 @@ func TestGenerateIsSeeded(t *testing.T) {
 	g.Expect(Generate(7, 3, claims, 40, 20*time.Second)).To(Equal(a), "the same seed and round draw the same schedule")
 	g.Expect(Generate(7, 4, claims, 40, 20*time.Second)).NotTo(Equal(a), "another round draws another")
 	g.Expect(Generate(8, 3, claims, 40, 20*time.Second)).NotTo(Equal(a), "another seed draws another")
-	g.Expect(len(a.Actions)-len(a.Vanished())).To(Equal(40), "the steps drawn, and a spare's vanishing besides")
+	g.Expect(len(a.Actions)-len(a.Vanished())-len(a.churns())).To(Equal(40), "the steps drawn, and a spare's vanishing and a churn besides")
 }
 
 // A seed's rounds stay what the ledger measured: seed 2's round 7, in which the
@@ -54,7 +54,7 @@ func TestGenerateKeepsTheLedgersRounds(t *testing.T) {
 func TestGenerateDrawsEveryStep(t *testing.T) {
 	g := NewWithT(t)
 	ops := map[Op]int{}
-	overlaps, inside, switched := 0, 0, 0
+	overlaps, inside, switched, churned := 0, 0, 0, 0
 	likes := map[string]int{}
 	for round := 1; round <= 20; round++ {
 		s := Generate(1, round, claims, 10, 15*time.Second)
@@ -110,22 +110,29 @@ func TestGenerateDrawsEveryStep(t *testing.T) {
 					g.Expect(time.Duration(a.At-addedAt)).To(BeNumerically(">=", 1500*time.Millisecond), "removed once it had its time to be served")
 				}
 				added, addedAt = !added, a.At
+			case OpChurn:
+				g.Expect(time.Duration(a.For)).To(BeNumerically(">=", churnFor))
+				g.Expect(time.Duration(a.For)).To(BeNumerically("<", churnFor+churnJitter))
+				g.Expect(time.Duration(a.At)).To(BeNumerically("<", 15*time.Second), "due in the span")
+				g.Expect(s.churns()).To(HaveLen(1), "one churn a round at most")
+				churned++
 			}
 		}
 	}
-	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave, OpVanish, OpSwitch, OpPolicy, OpAddAddress, OpRemoveAddress} {
+	for _, op := range []Op{OpRestart, OpCrash, OpUpgrade, OpOutage, OpJoin, OpLeave, OpVanish, OpSwitch, OpPolicy, OpAddAddress, OpRemoveAddress, OpChurn} {
 		g.Expect(ops).To(HaveKey(op), "20 rounds draw a %s", op)
 	}
 	g.Expect(likes).To(HaveLen(len(PodLikes)), "new pods like each of x's pods")
 	g.Expect(overlaps).To(BeNumerically(">", 10), "steps due within 300 ms of the one before")
 	g.Expect(inside).To(BeNumerically(">", 5), "a Service changes inside an outage of node 1")
 	g.Expect(switched).To(BeNumerically("~", 5, 4), "about one round in four starts with a switch")
+	g.Expect(churned).To(BeNumerically("~", 5, 4), "about one round in four churns")
 
 	fewer := claims
-	fewer.Upgrade, fewer.Switch, fewer.Policies, fewer.Address = false, false, nil, false
+	fewer.Upgrade, fewer.Switch, fewer.Policies, fewer.Address, fewer.Churn = false, false, nil, false, false
 	for round := 1; round <= 20; round++ {
 		for _, a := range Generate(1, round, fewer, 10, 15*time.Second).Actions {
-			g.Expect(a.Op).NotTo(BeElementOf(OpUpgrade, OpSwitch, OpPolicy, OpPod, OpAddAddress, OpRemoveAddress), "only the steps claimed")
+			g.Expect(a.Op).NotTo(BeElementOf(OpUpgrade, OpSwitch, OpPolicy, OpPod, OpAddAddress, OpRemoveAddress, OpChurn), "only the steps claimed")
 		}
 	}
 }
