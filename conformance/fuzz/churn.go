@@ -157,8 +157,10 @@ func (m *churned) Match(actual any) (bool, error) {
 		wrong = append(wrong, timeouts...)
 		slices.SortFunc(wrong, func(a, b wrongAttempt) int { return cmp.Compare(a.e.Time, b.e.Time) })
 	}
-	text := fmt.Sprintf("connections of the churn that failed (%d timed out; %d may: %d per 1,000)", len(timeouts), allow, m.perMill)
-	passed := m.judge(w, "churn_failed", text, judged, wrong)
+	passed := m.judge(w, "churn_failed", "connections of the churn that failed, but timeouts within snat-retry-per-mille", judged, wrong)
+	budget := float64(allow)
+	m.res.Figures = append(m.res.Figures, matchers.Figure{Name: "churn_timeouts", Value: float64(len(timeouts)), Unit: "attempts", Of: judged, Budget: &budget,
+		Text: fmt.Sprintf("%d of %d connections of the churn timed out (budget %d: %d per 1,000, rounded up)", len(timeouts), judged, allow, m.perMill)})
 	for _, name := range m.probes {
 		if gap, at := longestGap(starts[name], from, to); gap > matchers.DefaultMaxBlind {
 			m.blind(fmt.Sprintf("probe %s started no attempt for %s, from %s (starved or stopped), %s is the limit",

@@ -63,6 +63,8 @@ func TestChurned(t *testing.T) {
 		g.Expect(ok).To(Equal(tc.verdict == matchers.Pass), "%s: %s", tc.name, res.First)
 		g.Expect(res.Verdict).To(Equal(tc.verdict), tc.name)
 		g.Expect(res.Kind).To(Equal(tc.kind), tc.name)
+		g.Expect(res.Figures).To(HaveLen(2), tc.name)
+		g.Expect(*res.Figures[1].Budget).To(BeEquivalentTo(2), "%s: 2,000 attempts, 2 may time out", tc.name)
 		if tc.verdict == matchers.Violation {
 			g.Expect(res.Figures[0].Value).To(BeEquivalentTo(tc.wrong), tc.name)
 			g.Expect(m.FailureMessage(nil)).To(ContainSubstring("Timeline around it"), tc.name)
