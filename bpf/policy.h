@@ -70,15 +70,15 @@ static long rule_matches(__u64 index, void *ctx)
 	return 1;
 }
 
-/* policy_denies (policy_judge with report_deny) judges a new flow f in
- * direction dir of the endpoint ep
- * (behind interface ifindex): it denies if the direction is isolated and none
- * of its live rules matches the peer (the source for ingress, the
- * destination for egress), the destination port and the protocol. f is the
- * flow as policy sees it: for egress, after service DNAT. The verdict on an
- * isolated direction is reported (see verdicts.h), so call it once per
- * packet that starts a flow: a flow's allow is reported once, each packet
- * denied is.
+/* policy_judge judges a new flow f in direction dir of the endpoint ep
+ * (behind interface ifindex): it denies (returns 1) if the direction is
+ * isolated and none of its live rules matches the peer (the source for
+ * ingress, the destination for egress), the destination port and the
+ * protocol. f is the flow as policy sees it: for egress, after service DNAT.
+ * An allow on an isolated direction is reported (see verdicts.h), and a deny
+ * if report_deny (a caller that drops a packet for another reason reports
+ * that instead), so call it once per packet that starts a flow: a flow's
+ * allow is reported once, each packet denied is.
  *
  * The rules are searched with bpf_loop (Linux 5.17+) rather than a bounded
  * loop: the verifier checks its body once, whereas it would walk a bounded
@@ -120,10 +120,32 @@ static __always_inline int policy_judge(const struct endpoint_value *ep, __u32 i
 	return 1;
 }
 
+/* policy_denies is policy_judge reporting its deny. */
 static __always_inline int policy_denies(const struct endpoint_value *ep, __u32 ifindex, __u8 dir,
 					 const struct ct_key *f)
 {
 	return policy_judge(ep, ifindex, dir, f, 1);
+}
+
+/* admit_mark notes on ct (keyed k) that its flow's destination admitted it
+ * (DPC_CT_INGRESS_OK), and, where twin (a flow without NAT, whose entries are
+ * each other's reverse), on the flow's other entry: the reply entry of an
+ * original one, or the original of a reply entry. */
+static __always_inline void admit_mark(const struct ct_key *k, struct ct_value *ct, int twin)
+{
+	struct ct_value *o;
+	struct ct_key r = {};
+
+	ct->flags |= DPC_CT_INGRESS_OK;
+	ct_mirror(k, ct);
+	if (!twin)
+		return;
+	reverse(k, &r);
+	o = ct_lookup(&r);
+	if (o && (o->flags & DPC_CT_REPLY) != (ct->flags & DPC_CT_REPLY)) {
+		o->flags |= DPC_CT_INGRESS_OK;
+		ct_mirror(&r, o);
+	}
 }
 
 /* ingress_admit judges a packet in the original direction of its flow where
@@ -139,24 +161,13 @@ static __always_inline int ingress_admit(const struct endpoint_value *ep, __u32 
 					 const struct pkt *p, const struct ct_key *k,
 					 struct ct_value *ct)
 {
-	struct ct_value *rev;
-	struct ct_key r = {};
-
 	if (ct->flags & DPC_CT_INGRESS_OK)
 		return 1;
 	if (policy_denies(ep, ifindex, DPC_DIR_INGRESS, &p->tuple))
 		return 0;
-	ct->flags |= DPC_CT_INGRESS_OK;
-	ct_mirror(k, ct);
-	if (!(ct->flags & DPC_CT_REPLY)) {
-		/* No NAT: the replies match the flow's reply entry. */
-		reverse(k, &r);
-		rev = ct_lookup(&r);
-		if (rev && (rev->flags & DPC_CT_REPLY)) {
-			rev->flags |= DPC_CT_INGRESS_OK;
-			ct_mirror(&r, rev);
-		}
-	}
+	/* An original entry is a flow without NAT: the replies match its
+	 * reply entry. */
+	admit_mark(k, ct, !(ct->flags & DPC_CT_REPLY));
 	return 1;
 }
 
@@ -172,7 +183,6 @@ static __always_inline int ingress_admit(const struct endpoint_value *ep, __u32 
 static __always_inline int reply_admit(const struct endpoint_value *ep, __u32 ifindex,
 				       const struct pkt *p, struct ct_value *ct)
 {
-	struct ct_value *orig;
 	struct ct_key o = {};
 
 	reverse(&p->tuple, &o);
@@ -181,16 +191,8 @@ static __always_inline int reply_admit(const struct endpoint_value *ep, __u32 if
 			       DPC_REASON_NOT_ADMITTED);
 		return 0;
 	}
-	ct->flags |= DPC_CT_INGRESS_OK;
-	ct_mirror(&p->tuple, ct);
-	if (!(ct->flags & DPC_CT_DNAT)) {
-		/* No NAT: ep's tc egress finds the flow by its original entry. */
-		orig = ct_lookup(&o);
-		if (orig && !(orig->flags & DPC_CT_REPLY)) {
-			orig->flags |= DPC_CT_INGRESS_OK;
-			ct_mirror(&o, orig);
-		}
-	}
+	/* No NAT: ep's tc egress finds the flow by its original entry. */
+	admit_mark(&p->tuple, ct, !(ct->flags & DPC_CT_DNAT));
 	return 1;
 }
 
