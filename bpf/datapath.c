@@ -132,6 +132,18 @@ static __always_inline int reset_gone(struct __sk_buff *skb, const struct pkt *p
 	return bpf_redirect(skb->ifindex, 0);
 }
 
+/* wire_sport gives p the source port its flow has on the wire: that of ct, the
+ * flow's original entry where the flow is known and was moved off its client's
+ * port (DPC_CT_PORT_MOVED), else sport (track_both's for a new flow, the
+ * client's own otherwise). It returns -1 if the rewrite fails. */
+static __always_inline int wire_sport(struct __sk_buff *skb, struct pkt *p,
+				      const struct ct_value *ct, __be16 sport)
+{
+	if (ct && (ct->flags & DPC_CT_PORT_MOVED))
+		sport = ct->snat_port;
+	return rewrite(skb, p, 0, p->tuple.src, sport);
+}
+
 /* from_iface handles a packet entering the node: on the host interface
  * (ep == NULL) or from the workload ep, whose egress policy judges the new
  * flows it opens. */
@@ -188,8 +200,7 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 			if ((ct->flags & DPC_CT_DNAT) &&
 			    rewrite(skb, &p, 1, ct->nat_addr, ct->nat_port) < 0)
 				return TC_ACT_SHOT;
-			if ((ct->flags & DPC_CT_PORT_MOVED) &&
-			    rewrite(skb, &p, 0, p.tuple.src, ct->snat_port) < 0)
+			if (wire_sport(skb, &p, ct, sport) < 0)
 				return TC_ACT_SHOT;
 			set_mark(skb, DPC_MARK_SEEN);
 			return TC_ACT_OK;
@@ -216,13 +227,9 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 		/* A new flow without NAT, or a SYN that restarts one. */
 		if (ep && policy_denies(ep, skb->ifindex, DPC_DIR_EGRESS, &p.tuple))
 			return TC_ACT_SHOT;
-		if (!ct) {
-			if (track_plain(&p.tuple, flags, !host, now, &sport) < 0)
-				return TC_ACT_SHOT;
-		} else if (ct->flags & DPC_CT_PORT_MOVED) {
-			sport = ct->snat_port;
-		}
-		if (sport != p.tuple.sport && rewrite(skb, &p, 0, p.tuple.src, sport) < 0)
+		if (!ct && track_plain(&p.tuple, flags, !host, now, &sport) < 0)
+			return TC_ACT_SHOT;
+		if (wire_sport(skb, &p, ct, sport) < 0)
 			return TC_ACT_SHOT;
 		set_mark(skb, DPC_MARK_SEEN);
 		return TC_ACT_OK;
@@ -252,14 +259,14 @@ static __always_inline int from_iface(struct __sk_buff *skb, const struct endpoi
 	}
 	if (!(ct && (ct->flags & DPC_CT_DNAT) && ct->nat_addr == be->addr &&
 	      ct->nat_port == be->port)) {
+		/* A new flow, or one whose backend went: new entries. */
 		if (track_nat(&p.tuple, be, fe->service_id, flags, !host, now, &sport) < 0)
 			return TC_ACT_SHOT;
-	} else if (ct->flags & DPC_CT_PORT_MOVED) {
-		sport = ct->snat_port;
+		ct = NULL;
 	}
 	if (rewrite(skb, &p, 1, be->addr, be->port) < 0)
 		return TC_ACT_SHOT;
-	if (sport != p.tuple.sport && rewrite(skb, &p, 0, p.tuple.src, sport) < 0)
+	if (wire_sport(skb, &p, ct, sport) < 0)
 		return TC_ACT_SHOT;
 	set_mark(skb, DPC_MARK_SEEN);
 	return TC_ACT_OK;
