@@ -328,16 +328,23 @@ static __always_inline int entry_stale(const struct ct_value *o, __u8 proto, __u
 	return idle > (__s64)(DPC_CT_UDP_IDLE_SEC * NS_PER_SEC);
 }
 
-/* put_plain records v under k unless k belongs to a live flow: a tuple may be the
- * reply of a NAT flow still in use (that one wins), or of one that is closing or
- * over (a client reuses source ports at once: the old entry must not hijack the
- * new flow's replies, so the new flow takes the tuple over, as Linux conntrack
- * gives way to a new SYN on a tuple in TIME_WAIT). */
-static __always_inline void put_plain(const struct ct_key *k, const struct ct_value *v, __u64 now)
+/* entry_live: o, an entry found (or NULL), belongs to a flow that lives: one
+ * that is neither closing nor over. */
+static __always_inline int entry_live(const struct ct_value *o, __u8 proto, __u64 now)
 {
-	struct ct_value *o = ct_lookup(k);
+	return o && !(o->flags & DPC_CT_CLOSING) && !entry_stale(o, proto, now);
+}
 
-	if (o && !(o->flags & DPC_CT_CLOSING) && !entry_stale(o, k->proto, now))
+/* put_plain records v under k unless o, the entry found under k (or NULL),
+ * belongs to a live flow: a tuple may be the reply of a NAT flow still in use
+ * (that one wins), or of one that is closing or over (a client reuses source
+ * ports at once: the old entry must not hijack the new flow's replies, so the
+ * new flow takes the tuple over, as Linux conntrack gives way to a new SYN on
+ * a tuple in TIME_WAIT). */
+static __always_inline void put_plain(const struct ct_key *k, const struct ct_value *o,
+				      const struct ct_value *v, __u64 now)
+{
+	if (entry_live(o, k->proto, now))
 		return;
 	if (bpf_map_update_elem(&dpc_conntrack, k, v, BPF_ANY) == 0)
 		ct_mirror(k, v);
@@ -347,15 +354,14 @@ static __always_inline void put_plain(const struct ct_key *k, const struct ct_va
 #define SNAT_PORTS (DPC_SNAT_PORT_MAX - DPC_SNAT_PORT_MIN + 1)
 
 /* reply_held: r, the reply tuple of a new flow from a workload, is held by
- * another flow that lives (as put_plain judges it: a closing flow gives way):
- * writing the new flow's reply entry rv over it would turn that flow's replies
- * into the new one's. An entry of the same flow (its client restarts it) is
- * not another's. */
-static __always_inline int reply_held(const struct ct_key *r, const struct ct_value *rv, __u64 now)
+ * another flow that lives, o the entry found under it (or NULL; as put_plain
+ * judges it: a closing flow gives way): writing the new flow's reply entry rv
+ * over it would turn that flow's replies into the new one's. An entry of the
+ * same flow (its client restarts it) is not another's. */
+static __always_inline int reply_held(const struct ct_key *r, const struct ct_value *o,
+				      const struct ct_value *rv, __u64 now)
 {
-	struct ct_value *o = ct_lookup(r);
-
-	if (!o || (o->flags & DPC_CT_CLOSING) || entry_stale(o, r->proto, now))
+	if (!entry_live(o, r->proto, now))
 		return 0;
 	return !((o->flags & DPC_CT_REPLY) && !(o->flags & DPC_CT_PORT_MOVED) &&
 		 (o->flags & DPC_CT_DNAT) == (rv->flags & DPC_CT_DNAT) &&
@@ -397,8 +403,12 @@ static __always_inline int track_both(const struct ct_key *k, struct ct_value *v
 				      struct ct_key *r, struct ct_value *rv, int from_pod,
 				      __u64 now, __be16 *sport)
 {
+	struct ct_value *o = NULL; /* the entry under r, where it is needed */
+
 	*sport = k->sport;
-	if (from_pod && reply_held(r, rv, now)) {
+	if (from_pod || !(rv->flags & DPC_CT_DNAT))
+		o = ct_lookup(r);
+	if (from_pod && reply_held(r, o, rv, now)) {
 		rv->flags |= DPC_CT_PORT_MOVED;
 		rv->snat_port = k->sport;
 		*sport = move_port(k, r, rv, now);
@@ -412,10 +422,10 @@ static __always_inline int track_both(const struct ct_key *k, struct ct_value *v
 			return -1;
 		ct_mirror(r, rv);
 	} else {
-		put_plain(r, rv, now);
+		put_plain(r, o, rv, now);
 	}
 	if (!(v->flags & DPC_CT_DNAT)) {
-		put_plain(k, v, now);
+		put_plain(k, ct_lookup(k), v, now);
 		return 0;
 	}
 	if (bpf_map_update_elem(&dpc_conntrack, k, v, BPF_ANY) < 0)
