@@ -28,7 +28,12 @@ func init() {
 		Origin:     "a backend change applied delete-then-add, which empties a Service's backends under its live flows; and load balancers that read an EndpointSlice's addresses and not its ready condition (ovn-kubernetes PR 3240, KEDA http-add-on issue 1344)",
 		Catches: []conformance.FaultCase{
 			{Fault: "rebuild-backends-in-place", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindGap, matchers.KindNotAlive}},
-			{Fault: "serve-not-ready-endpoints", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindWrongBackend}},
+			// The connections sent to churn-gone after its server stopped are
+			// refused by its kernel; in about 1 run in 10 the one or two that went
+			// there timed out instead (one 14 ms after the stop, 42 ms before its
+			// pod went; docs/faults.md): the fault either way, as the clean
+			// reference sends churn-gone nothing by then.
+			{Fault: "serve-not-ready-endpoints", Kinds: []conformance.FailureKind{matchers.KindReset, matchers.KindWrongBackend, matchers.KindTimeout}},
 		},
 		Body: endpointChurn,
 	})
