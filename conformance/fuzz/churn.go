@@ -1,7 +1,6 @@
 package fuzz
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -92,32 +91,38 @@ func (w *world) churn(ctx context.Context, e *conformance.Env, step int, d time.
 // the churn's own connections, and those of the round's probe on the path.
 func churnAllowance(n int, perMille int) int { return (n*perMille + 999) / 1000 }
 
-// churned is the check of a churn's connections (SVC-SNAT-PRESSURE's): from its
-// start to its end, each of its probes starts an attempt at least every MaxBlind (a
-// starved probe is the instrument's failure, never a verdict); none is reset,
-// refused or fails otherwise, and at most churnAllowance of them time out. Which
-// backend answers is the model of the Services' to judge (answersAsModelled).
+// churned is the check of a churn's connections (SVC-SNAT-PRESSURE's), from its
+// start to its end: the suite's HaveNoResets and HaveNoFailedAttempts on its probes
+// over that span, the latter allowing churnAllowance of the connections judged (the
+// resets and refusals failed the first). Their instrument rules hold as in a spec: a
+// probe that starts nothing for MaxBlind voids the round. Which backend answers is
+// the model of the Services' to judge (answersAsModelled).
 type churned struct {
-	step    int
-	probes  []string
-	perMill int
-	modelReport
+	step     int
+	perMille int
+	defaults []matchers.Option
+
+	decided matchers.Matcher // the check that gave the last Match its result
+	res     matchers.Result  // the result when the churn did not run to its end
 }
 
 func newChurned(step, perMille int) *churned {
-	return &churned{step: step, probes: churnNames(step), perMill: perMille, modelReport: modelReport{
-		expected: fmt.Sprintf("no failed connection of step %d's churn, but timeouts within snat-retry-per-mille", step),
-		negated:  fmt.Sprintf("a failed connection of step %d's churn", step)}}
+	return &churned{step: step, perMille: perMille}
 }
 
-// WithDefaults keeps the matcher as it is: a round's hosts share the suite's clock.
-func (m *churned) WithDefaults(...matchers.Option) matchers.Matcher { return m }
+// WithDefaults hands the suite's defaults (MaxBlind, Context) on to the checks.
+func (m *churned) WithDefaults(opts ...matchers.Option) matchers.Matcher {
+	c := *m
+	c.defaults = opts
+	return &c
+}
 
 func (m *churned) Match(actual any) (bool, error) {
-	w, err := m.window(actual)
-	if err != nil {
-		return false, err
+	w, ok := actual.(timeline.Window)
+	if !ok {
+		return false, fmt.Errorf("fuzz: expected a timeline.Window, got %T", actual)
 	}
+	m.decided = nil
 	var from, to monotime.Time
 	for _, tr := range w.Transitions {
 		switch {
@@ -129,64 +134,49 @@ func (m *churned) Match(actual any) (bool, error) {
 		}
 	}
 	if from == 0 || to == 0 {
-		m.judge(w, "churn_failed", "connections of the churn that failed", 0, nil)
-		m.blind(fmt.Sprintf("step %d's churn has no %s and %s on the timeline: it did not run to its end", m.step, EventChurnStart, EventChurnEnd))
+		m.res = matchers.Result{Verdict: matchers.Instrument,
+			First: fmt.Sprintf("step %d's churn has no %s and %s on the timeline: it did not run to its end", m.step, EventChurnStart, EventChurnEnd)}
 		return false, fmt.Errorf("%w: %s", matchers.ErrInstrument, m.res.First)
 	}
-	starts := map[string][]monotime.Time{}
-	var judged int
-	var timeouts, wrong []wrongAttempt
-	for _, e := range w.Inside() {
-		if e.Kind != probe.KindAttempt || !slices.Contains(m.probes, e.Probe) {
-			continue
-		}
-		starts[e.Probe] = append(starts[e.Probe], e.Time)
-		if e.Time < from || e.Time > to {
-			continue
-		}
-		judged++
-		switch kind := matchers.AttemptKind(e, nil); {
-		case kind == matchers.KindTimeout:
-			timeouts = append(timeouts, wrongAttempt{e, kind, "timed out"})
-		case e.Outcome.Failed():
-			wrong = append(wrong, wrongAttempt{e, kind, "failed: " + timeline.Describe(e)})
+	span := w
+	span.Start, span.End = from, to
+	names := churnNames(m.step)
+	judged := 0
+	for _, e := range span.Inside() {
+		if e.Kind == probe.KindAttempt && slices.Contains(names, e.Probe) {
+			judged++
 		}
 	}
-	allow := churnAllowance(judged, m.perMill)
-	if len(timeouts) > allow {
-		wrong = append(wrong, timeouts...)
-		slices.SortFunc(wrong, func(a, b wrongAttempt) int { return cmp.Compare(a.e.Time, b.e.Time) })
-	}
-	passed := m.judge(w, "churn_failed", "connections of the churn that failed, but timeouts within snat-retry-per-mille", judged, wrong)
-	budget := float64(allow)
-	m.res.Figures = append(m.res.Figures, matchers.Figure{Name: "churn_timeouts", Value: float64(len(timeouts)), Unit: "attempts", Of: judged, Budget: &budget,
-		Text: fmt.Sprintf("%d of %d connections of the churn timed out (budget %d: %d per 1,000, rounded up)", len(timeouts), judged, allow, m.perMill)})
-	for _, name := range m.probes {
-		if gap, at := longestGap(starts[name], from, to); gap > matchers.DefaultMaxBlind {
-			m.blind(fmt.Sprintf("probe %s started no attempt for %s, from %s (starved or stopped), %s is the limit",
-				name, gap.Round(time.Millisecond), w.Relative(at), matchers.DefaultMaxBlind))
-			return false, fmt.Errorf("%w: %w: %s: the round cannot judge its churn", matchers.ErrInstrument, matchers.ErrBlind, m.res.First)
+	only := matchers.Probes(names...)
+	for _, c := range []matchers.Matcher{
+		matchers.HaveNoResets(only),
+		matchers.HaveNoFailedAttempts(only, matchers.Allow(churnAllowance(judged, m.perMille))),
+	} {
+		m.decided = c.WithDefaults(m.defaults...)
+		if ok, err := m.decided.Match(span); !ok || err != nil {
+			return ok, err
 		}
 	}
-	return passed, nil
+	return true, nil
 }
 
-// longestGap is the longest stretch of [from, to] without one of starts (in time
-// order), and where it begins.
-func longestGap(starts []monotime.Time, from, to monotime.Time) (time.Duration, monotime.Time) {
-	var gap time.Duration
-	at, last := from, from
-	step := func(t monotime.Time) {
-		if d := t.Sub(last); d > gap {
-			gap, at = d, last
-		}
-		last = max(last, t)
+func (m *churned) Result() matchers.Result {
+	if m.decided == nil {
+		return m.res
 	}
-	for _, t := range starts {
-		if t >= from && t <= to {
-			step(t)
-		}
+	return m.decided.Result()
+}
+
+func (m *churned) FailureMessage(actual any) string {
+	if m.decided == nil {
+		return fmt.Sprintf("Expected step %d's churn on the timeline, but: %s", m.step, m.res.First)
 	}
-	step(to)
-	return gap, at
+	return m.decided.FailureMessage(actual)
+}
+
+func (m *churned) NegatedFailureMessage(actual any) string {
+	if m.decided == nil {
+		return m.FailureMessage(actual)
+	}
+	return m.decided.NegatedFailureMessage(actual)
 }

@@ -152,7 +152,7 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet, and %d UDP datagrams on each of them, one every {connect-interval}, each from a new socket), each delivered or not as every set of policies in force {policy-programmed} before says.", len(policyPairs), len(newPodPairs), birthDatagrams)
 	}
 	if n := len(s.churns()); n > 0 {
-		sp.Description += fmt.Sprintf(" %d of its steps churn node 1's SNAT ports (a new connection every {connect-interval} on each of %d probes, from the external client through its NodePort to the remote backend): none reset, at most {snat-retry-per-mille} in 1,000 timed out.", n, churnProbes)
+		sp.Description += fmt.Sprintf(" %d of its steps churn node 1's SNAT ports (a new connection every {connect-interval} on each of %d probes, from the external client through its NodePort to the remote backend): none reset or refused, at most {snat-retry-per-mille} in 1,000 failed otherwise (timed out).", n, churnProbes)
 	}
 	if s.HasAddress() {
 		sp.Description += fmt.Sprintf(" The external client opens a new connection every %s to a NodePort on node 1's spare address, which must answer from {address-programmed} after the address is added and not from {address-programmed} after it is removed.", s.interval())
@@ -439,7 +439,7 @@ func (w *world) judgeServices(e *conformance.Env, s Schedule, sc *conformance.Sc
 		for _, name := range churnNames(i + 1) {
 			w.service[name] = w.serviceOf(w.churnPath(e).Backend)
 		}
-		sc.Checks = append(sc.Checks, conformance.Check{Name: fmt.Sprintf("no connection of step %d's churn fails, but snat-retry-per-mille that time out", i+1),
+		sc.Checks = append(sc.Checks, conformance.Check{Name: fmt.Sprintf("no connection of step %d's churn reset or refused, and at most snat-retry-per-mille in 1,000 fail otherwise", i+1),
 			Matcher: newChurned(i+1, e.Budgets.SNATRetryPerMille)})
 	}
 	only := matchers.Probes(streams...)
