@@ -285,7 +285,8 @@ const (
 // A churn lasts churnFor to churnFor+churnJitter: the reference's 4,536 SNAT ports
 // are all taken some 5 s into SVC-SNAT-PRESSURE's churn, and from then on a port
 // allocator that takes a live flow's port does so about once in 2,300 new flows
-// per stream (the round's two on the path), at 1,000 flows a second.
+// for each live flow on the path (a churning round holds churnStreams there: once
+// in some 290), at 1,000 flows a second.
 const (
 	churnFor    = 10 * time.Second
 	churnJitter = 4 * time.Second
@@ -418,7 +419,7 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 			s.Actions = append(s.Actions, *then)
 		}
 	}
-	slices.SortStableFunc(s.Actions, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
+	slices.SortStableFunc(s.Actions, byAt)
 	if len(c.Services) == 0 && len(c.Policies) > 0 && !slices.ContainsFunc(s.Actions, func(a Action) bool { return a.Op == OpPolicy }) && len(s.Actions) > 0 {
 		// Where policies are all a world has, a round that put none in force would
 		// judge only that everything reaches everything, which a datapath that
@@ -464,9 +465,7 @@ func churn(rng *rand.Rand, actions []Action, span time.Duration) []Action {
 	}
 	c := Action{At: Offset(time.Duration(rng.Int64N(int64(span))).Round(time.Millisecond)), Op: OpChurn,
 		For: Offset(churnFor + time.Duration(rng.Int64N(int64(churnJitter))).Round(time.Millisecond))}
-	out := append(slices.Clone(actions), c)
-	slices.SortStableFunc(out, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
-	return out
+	return withAction(actions, c)
 }
 
 // vanishes adds to actions, in half the draws, the vanishing of a ready spare that
@@ -501,7 +500,17 @@ func vanishes(rng *rand.Rand, actions []Action) []Action {
 		}
 	}
 	v := Action{At: leave.At + Offset(vanishAfterLeave+time.Duration(rng.IntN(1500))*time.Millisecond), Op: OpVanish, Backend: leave.Backend}
-	out := append(slices.Clone(actions), v)
-	slices.SortStableFunc(out, func(a, b Action) int { return cmp.Compare(a.At, b.At) })
+	return withAction(actions, v)
+}
+
+// byAt orders actions by when they fall due; sorted stably, steps due at once stay
+// in the order they were drawn.
+func byAt(a, b Action) int { return cmp.Compare(a.At, b.At) }
+
+// withAction is a copy of actions with a added, in the order they fall due (a after
+// the steps due at once with it).
+func withAction(actions []Action, a Action) []Action {
+	out := append(slices.Clone(actions), a)
+	slices.SortStableFunc(out, byAt)
 	return out
 }
