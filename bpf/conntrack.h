@@ -425,7 +425,12 @@ static __always_inline int track_both(const struct ct_key *k, struct ct_value *v
 		put_plain(r, o, rv, now);
 	}
 	if (!(v->flags & DPC_CT_DNAT)) {
-		put_plain(k, ct_lookup(k), v, now);
+		/* Only track_plain gets here, for a tuple its caller found no
+		 * entry under: an entry there now is another CPU's, written
+		 * since, of a flow that lives. BPF_NOEXIST keeps it, as
+		 * put_plain would, without looking the tuple up again. */
+		if (bpf_map_update_elem(&dpc_conntrack, k, v, BPF_NOEXIST) == 0)
+			ct_mirror(k, v);
 		return 0;
 	}
 	if (bpf_map_update_elem(&dpc_conntrack, k, v, BPF_ANY) < 0)
@@ -434,8 +439,9 @@ static __always_inline int track_both(const struct ct_key *k, struct ct_value *v
 	return 0;
 }
 
-/* track_plain records a flow that needs no NAT, in both directions (see
- * track_both for from_pod and *sport). */
+/* track_plain records a flow that needs no NAT, keyed k, under which its
+ * caller found no entry, in both directions (see track_both for from_pod and
+ * *sport). */
 static __always_inline int track_plain(const struct ct_key *k, __u32 flags, int from_pod,
 				       __u64 now, __be16 *sport)
 {
