@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,7 +55,8 @@ func runnerTo(t *testing.T, ctx context.Context, bins map[string]string, pool *n
 }
 
 // A short seeded fuzz run, as make test runs it: the clean reference passes the
-// first two rounds of seed 1 (each starts with a switch from kube-proxy); with a
+// first two rounds of seed 1 (each starts with a switch from kube-proxy) and a
+// churn of node 1's SNAT ports alone; with a
 // fault that any restart of an agent shows (its conntrack is not pinned, so
 // established flows are reset), seed 7's first round, which takes node 1's agent
 // down first, fails, the schedule shrinks to one step, and its replay file fails
@@ -79,6 +81,18 @@ func TestFuzzReference(t *testing.T) {
 			g.Expect(rd.Result).To(Equal(conformance.Passed), "round %d: %s", rd.Round, rd.Reason)
 		}
 		g.Expect(run.Finding).To(BeNil())
+	})
+
+	// Neither of seed 1's first two rounds churns: the step runs here alone (as the
+	// ledger's replay-churn.yaml holds it), and the clean reference passes its check.
+	t.Run("clean under a churn", func(t *testing.T) {
+		g := NewWithT(t)
+		s := fuzz.Schedule{Actions: []fuzz.Action{{At: fuzz.Offset(time.Second), Op: fuzz.OpChurn, For: fuzz.Offset(12 * time.Second)}}}
+		res := fuzz.Replay(ctx, runner(t, ctx, bins, pool, ""), s)
+		g.Expect(res.Result).To(Equal(conformance.Passed), res.Reason)
+		i := slices.IndexFunc(res.Checks, func(c conformance.CheckResult) bool { return strings.Contains(c.Name, "step 1's churn") })
+		g.Expect(i).NotTo(Equal(-1), "the round judges its churn")
+		g.Expect(res.Checks[i].Figures[0].Of).To(BeNumerically(">", 10_000), "12 s at 2 ms on two probes: %s", res.Checks[i].Figures[0].Text)
 	})
 
 	t.Run("finds and shrinks unpinned-conntrack", func(t *testing.T) {
