@@ -69,8 +69,9 @@ func Ensure(ctx context.Context, client dynamic.Interface, dir string) error {
 	}
 	// lastErr is the last error of a Get that did not reach the API server (a
 	// transport's, or the client's rate limiter's, which fails a Get whose wait for
-	// a token would pass ctx's deadline before the deadline comes): the wait goes on
-	// until ctx ends, and the error names it.
+	// a token would pass ctx's deadline before the deadline comes), or that it
+	// answered with a refusal for now (transient): the wait goes on until ctx ends,
+	// and the error names it.
 	var lastErr error
 	for len(pending) > 0 {
 		select {
@@ -92,7 +93,7 @@ func Ensure(ctx context.Context, client dynamic.Interface, dir string) error {
 				}
 			case apierrors.IsNotFound(err):
 				still = append(still, name)
-			case isAPIStatus(err):
+			case isAPIStatus(err) && !transient(err):
 				// The API server answered, with a refusal waiting will not change.
 				return fmt.Errorf("CRD %s: %w", name, err)
 			default:
@@ -110,6 +111,16 @@ func Ensure(ctx context.Context, client dynamic.Interface, dir string) error {
 func isAPIStatus(err error) bool {
 	var status apierrors.APIStatus
 	return errors.As(err, &status)
+}
+
+// transient reports whether err is the API server's answer that it cannot serve
+// the request now, but may soon: too many requests (its priority and fairness, or
+// max-inflight, shed it), its own timeout, or unavailable (a server starting, or
+// behind an aggregator that is). client-go retries some of these itself, a few
+// times, only where the server says when (Retry-After).
+func transient(err error) bool {
+	return apierrors.IsTooManyRequests(err) || apierrors.IsServerTimeout(err) ||
+		apierrors.IsServiceUnavailable(err) || apierrors.IsTimeout(err)
 }
 
 // read returns the CRDs of dir's *.yaml files, in the files' order: one

@@ -2,6 +2,7 @@ package crds_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,9 +11,14 @@ import (
 	"testing"
 	"time"
 
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/dynamic"
+	dynamicfake "k8s.io/client-go/dynamic/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/dpconform/dpconform/driver/crds"
 	"github.com/dpconform/dpconform/internal/privileged"
@@ -158,5 +164,63 @@ func TestEnsure(t *testing.T) {
 	err = crds.Ensure(short, throttled, clash)
 	if err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "rate limiter") {
 		t.Errorf("Ensure of a CRD never served, throttled = %v, want an error with %q naming the rate limiter", err, want)
+	}
+}
+
+// An API server that sheds a Get (too many requests, its own timeout, unavailable)
+// will answer it soon: Ensure waits on. A refusal that waiting does not change
+// (forbidden) ends it at once, naming the CRD.
+func TestEnsureWaitsOutTransientRefusals(t *testing.T) {
+	dir := manifests(t, map[string]string{"widgets.yaml": crdYAML("widgets", "Widget")})
+	name := "widgets.example.dpconform.io"
+	gr := crdResource.GroupResource()
+	for _, tt := range []struct {
+		name    string
+		refuse  []error // the answers to the first Gets, in turn; then the CRD, established
+		wantErr string
+	}{
+		{"shed, then served", []error{
+			apierrors.NewTooManyRequests("the server is busy", 1),
+			apierrors.NewServerTimeout(gr, "get", 1),
+			apierrors.NewServiceUnavailable("starting"),
+			apierrors.NewTimeoutError("request did not complete", 1),
+		}, ""},
+		{"forbidden", []error{apierrors.NewForbidden(gr, name, errors.New("no RBAC"))}, "CRD " + name + ": "},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
+				map[schema.GroupVersionResource]string{crdResource: "CustomResourceDefinitionList"})
+			gets := 0
+			client.PrependReactor("get", "customresourcedefinitions", func(k8stesting.Action) (bool, runtime.Object, error) {
+				gets++
+				if gets <= len(tt.refuse) {
+					return true, nil, tt.refuse[gets-1]
+				}
+				crd := &unstructured.Unstructured{Object: map[string]any{
+					"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+					"metadata": map[string]any{"name": name},
+					"status":   map[string]any{"conditions": []any{map[string]any{"type": "Established", "status": "True"}}},
+				}}
+				return true, crd, nil
+			})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			err := crds.Ensure(ctx, client, dir)
+			if tt.wantErr == "" {
+				if err != nil {
+					t.Fatalf("Ensure: %v", err)
+				}
+				if gets != len(tt.refuse)+1 {
+					t.Errorf("Ensure made %d Gets, want %d: one a refusal, then the one that found it served", gets, len(tt.refuse)+1)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("Ensure: %v, want an error containing %q", err, tt.wantErr)
+			}
+			if gets != 1 {
+				t.Errorf("Ensure made %d Gets after a refusal that waiting does not change, want 1", gets)
+			}
+		})
 	}
 }
