@@ -55,8 +55,8 @@ func runnerTo(t *testing.T, ctx context.Context, bins map[string]string, pool *n
 }
 
 // A short seeded fuzz run, as make test runs it: the clean reference passes the
-// first two rounds of seed 1 (each starts with a switch from kube-proxy) and a
-// churn of node 1's SNAT ports alone; with a
+// first two rounds of seed 1 (each starts with a switch from kube-proxy), and a
+// churn of node 1's SNAT ports with a join, an upgrade and a leave in bursts; with a
 // fault that any restart of an agent shows (its conntrack is not pinned, so
 // established flows are reset), seed 7's first round, which takes node 1's agent
 // down first, fails, the schedule shrinks to one step, and its replay file fails
@@ -83,16 +83,30 @@ func TestFuzzReference(t *testing.T) {
 		g.Expect(run.Finding).To(BeNil())
 	})
 
-	// Neither of seed 1's first two rounds churns: the step runs here alone (as the
-	// ledger's replay-churn.yaml holds it), and the clean reference passes its check.
-	t.Run("clean under a churn", func(t *testing.T) {
+	// Neither of seed 1's first two rounds churns or bursts: those steps run here
+	// alone (the churn as the ledger's replay-churn.yaml holds it), and the clean
+	// reference passes their checks.
+	t.Run("clean under a churn and bursts", func(t *testing.T) {
 		g := NewWithT(t)
-		s := fuzz.Schedule{Actions: []fuzz.Action{{At: fuzz.Offset(time.Second), Op: fuzz.OpChurn, For: fuzz.Offset(12 * time.Second)}}}
+		s := fuzz.Schedule{Actions: []fuzz.Action{
+			{At: fuzz.Offset(time.Second), Op: fuzz.OpChurn, For: fuzz.Offset(12 * time.Second)},
+			{At: fuzz.Offset(2 * time.Second), Op: fuzz.OpJoin, Backend: "spare-a", Service: "web-local"},
+			{At: fuzz.Offset(4 * time.Second), Op: fuzz.OpUpgrade, Node: 1},
+			{At: fuzz.Offset(6 * time.Second), Op: fuzz.OpLeave, Backend: "spare-a"},
+		}}
 		res := fuzz.Replay(ctx, runner(t, ctx, bins, pool, ""), s)
 		g.Expect(res.Result).To(Equal(conformance.Passed), res.Reason)
-		i := slices.IndexFunc(res.Checks, func(c conformance.CheckResult) bool { return strings.Contains(c.Name, "step 1's churn") })
-		g.Expect(i).NotTo(Equal(-1), "the round judges its churn")
-		g.Expect(res.Checks[i].Figures[0].Of).To(BeNumerically(">", 10_000), "12 s at 2 ms on two probes: %s", res.Checks[i].Figures[0].Text)
+		judged := func(name string) int {
+			i := slices.IndexFunc(res.Checks, func(c conformance.CheckResult) bool { return strings.Contains(c.Name, name) })
+			g.Expect(i).NotTo(Equal(-1), "the round judges %s", name)
+			f := res.Checks[i].Figures[0]
+			t.Logf("%s: %s", res.Checks[i].Name, f.Text)
+			return f.Of
+		}
+		g.Expect(judged("step 1's churn")).To(BeNumerically(">", 10_000), "12 s at 2 ms on two probes")
+		for _, step := range []string{"step 2's burst", "step 3's burst", "step 4's burst"} {
+			g.Expect(judged(step)).To(BeNumerically(">", 300), "at least 100 ms at 250 µs")
+		}
 	})
 
 	t.Run("finds and shrinks unpinned-conntrack", func(t *testing.T) {

@@ -128,6 +128,27 @@ var newPodPairs = []policyPair{
 // probes.
 const policyInterval = 50 * time.Millisecond
 
+// burstFor is how long each fixed pair is probed with UDP datagrams, one every
+// order-interval (250 µs), each from a new socket, around each write of policies:
+// the burst starts just before the write and goes on past the moment the
+// implementation takes the change in. A write taken in as two (a delete, then the
+// add a round later: ORDER-POLICY-REPLACE's delete-then-add) leaves the pods the
+// policy selects with only their other policies for one agent round, some hundred
+// microseconds: policyInterval's connections, 50 ms apart, pass it by, and a
+// datagram, a flow of its own judged afresh, falls in it on a pair about once in
+// two. A burst is 400 datagrams a pair, 3,600 for the nine.
+const burstFor = 100 * time.Millisecond
+
+// burstPairs are policyPairs probed with UDP, by probe name: a write's burst.
+var burstPairs = func() map[string]policyPair {
+	out := map[string]policyPair{}
+	for _, pr := range policyPairs {
+		pr.udp = true
+		out[pr.name()] = pr
+	}
+	return out
+}()
+
 // policies is a round's netpol fixture and the NetworkPolicies the round has put in
 // force: states[0] is none, and every write adds the set in force after it.
 type policies struct {
@@ -139,6 +160,7 @@ type policies struct {
 	inForce map[string]*networkingv1.NetworkPolicy // "ns/name" -> the policy
 	states  [][]networkingv1.NetworkPolicy
 	born    map[string]policyPair // the new pods' pairs, by probe
+	bursts  int                   // the writes' bursts started
 }
 
 func deployPolicies(ctx context.Context, e *conformance.Env) (*policies, error) {
@@ -231,7 +253,8 @@ func (p *policies) ip(id string) netip.Addr {
 
 // put makes the case's policies the ones in force, as the truth table does: those it
 // does not name are deleted, then the others created or updated in place, each write
-// recorded first with the set it makes.
+// recorded first with the set it makes, inside a burst of datagrams on the fixed
+// pairs (burst).
 func (p *policies) put(ctx context.Context, e *conformance.Env, name string) error {
 	c, ok := p.cases[name]
 	if !ok {
@@ -247,8 +270,10 @@ func (p *policies) put(ctx context.Context, e *conformance.Env, name string) err
 			continue
 		}
 		pol := p.inForce[k]
-		p.write(e, "delete "+k, func(m map[string]*networkingv1.NetworkPolicy) { delete(m, k) })
-		if err := conformance.Delete(pol).Do(ctx, e); err != nil {
+		if err := p.burst(ctx, e, func() error {
+			p.write(e, "delete "+k, func(m map[string]*networkingv1.NetworkPolicy) { delete(m, k) })
+			return conformance.Delete(pol).Do(ctx, e)
+		}); err != nil {
 			return err
 		}
 	}
@@ -257,12 +282,44 @@ func (p *policies) put(ctx context.Context, e *conformance.Env, name string) err
 		if _, ok := p.inForce[key(pol)]; ok {
 			verb = "update "
 		}
-		p.write(e, verb+key(pol), func(m map[string]*networkingv1.NetworkPolicy) { m[key(pol)] = pol.DeepCopy() })
-		if err := conformance.Apply(pol).Do(ctx, e); err != nil {
+		if err := p.burst(ctx, e, func() error {
+			p.write(e, verb+key(pol), func(m map[string]*networkingv1.NetworkPolicy) { m[key(pol)] = pol.DeepCopy() })
+			return conformance.Apply(pol).Do(ctx, e)
+		}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// burst starts a burst of datagrams on the fixed pairs (burstPairs), for burstFor:
+// one probe a pair (a probe sends no finer than every 100 µs), a new socket each
+// datagram, all started at once; once every one is sending, it does write, and
+// returns. The probes stop by themselves.
+func (p *policies) burst(ctx context.Context, e *conformance.Env, write func() error) error {
+	p.mu.Lock()
+	p.bursts++
+	n := p.bursts
+	p.mu.Unlock()
+	var g errgroup.Group
+	for _, pr := range policyPairs {
+		from, _ := p.pod(pr.from)
+		to, _ := p.pod(pr.to)
+		pr.udp = true
+		u := probe.UDP{Name: fmt.Sprintf("policy-burst-%d-%s", n, strings.TrimPrefix(pr.name(), "policy-udp-")), NewSocket: true,
+			To:       []probe.Destination{{Label: pr.name(), Addr: netip.AddrPortFrom(to.Pod.IP(), uint16(pr.port)).String()}},
+			Interval: e.Budgets.OrderInterval, Count: int(burstFor / e.Budgets.OrderInterval)}
+		g.Go(func() error {
+			if _, err := e.World.StartProbe(ctx, from.Pod, u); err != nil {
+				return fmt.Errorf("probe %s: %w", u.Name, err)
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return err
+	}
+	return write()
 }
 
 // write changes the policies in force with change and records the new set's number.
@@ -545,8 +602,9 @@ func pairAttempts(events []probe.Event, pairs map[string]policyPair) []probe.Eve
 // denied (a pod is never open before its policy is in place); where they are
 // allowed, once the pod is wired (its first connection delivered) for those from
 // it, as ORDER-NEW-ENDPOINT holds them, and policy-programmed after that for those
-// into it. A UDP pair's datagrams are judged as attempts (pairAttempts). A violation
-// is of kind delivered, lost (a datagram), or of the failed attempt's kind.
+// into it. A UDP pair's datagrams (a new pod's, and a write's burst on the fixed
+// pairs) are judged as attempts (pairAttempts). A violation is of kind delivered,
+// lost (a datagram), or of the failed attempt's kind.
 type policyAsModelled struct {
 	m     *policyModel
 	pairs map[string]policyPair
@@ -571,6 +629,7 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 		return false, err
 	}
 	pairs := maps.Clone(c.pairs)
+	maps.Copy(pairs, burstPairs)
 	c.m.p.mu.Lock()
 	maps.Copy(pairs, c.m.p.born)
 	c.m.p.mu.Unlock()

@@ -280,3 +280,48 @@ func TestPolicyAsModelledReusedPort(t *testing.T) {
 		expectKind(g, c.what, chk, ok, err, c.kind)
 	}
 }
+
+// A write's burst: datagrams every 250 µs on the fixed pairs as UDP, judged as every
+// attempt is. An update of x/allow-a from namespace y to "pod b, or namespace y"
+// denies z/c both before and after it, and allows y/b: a datapath that applies the
+// update as a delete and an add leaves x/a open for one round in between, and a
+// datagram from z/c delivered then is a violation; so is one from y/b lost.
+func TestPolicyAsModelledBurst(t *testing.T) {
+	zc := burstPairs[policyPair{from: "z/c", to: "x/a", port: 80, udp: true}.name()]
+	yb := burstPairs[policyPair{from: "y/b", to: "x/a", port: 80, udp: true}.name()]
+	g := NewWithT(t)
+	g.Expect(zc.udp && yb.udp).To(BeTrue(), "the burst's pairs are the fixed pairs as UDP")
+	for _, c := range []struct {
+		what string
+		// open is the datagram (index, every 250 µs from the update) of each pair
+		// that goes against what both versions say, or -1.
+		zcDelivered, ybLost int
+		kind                matchers.Kind
+	}{
+		{"both versions held throughout", -1, -1, ""},
+		{"z/c delivered 3 ms after the update (x/a open for a round)", 12, -1, matchers.KindDelivered},
+		{"y/b lost 3 ms after the update", -1, 12, matchers.KindLost},
+	} {
+		p := fakePolicies(t, "allow ingress to x/a from namespace y", "allow ingress to x/a from pod b, or from namespace y (two peers)")
+		tl := timeline.New()
+		tl.RecordAt(at(-10000), EventPolicies, "1: create x/allow-a")
+		tl.RecordAt(at(0), EventPolicies, "2: update x/allow-a")
+		for i := range 400 {
+			t := at(0).Add(time.Duration(i) * 250 * time.Microsecond)
+			for k, pr := range []policyPair{zc, yb} {
+				seq := uint64(2*i + k + 1)
+				delivered := pr == yb && i != c.ybLost || pr == zc && i == c.zcDelivered
+				tl.Add(probe.Event{Time: t, Kind: probe.KindSent, Probe: "burst-2-" + pr.from, Seq: seq, Outcome: probe.OK, Target: pr.name()})
+				if delivered {
+					tl.Add(probe.Event{Time: t, End: t.Add(time.Millisecond), Kind: probe.KindRecv, Probe: pr.to, From: "burst-2-" + pr.from, Seq: seq,
+						Backend: pr.to, Target: pr.name(), Peer: peer(seq)})
+				}
+			}
+		}
+		chk, ok, err := matchPolicies(p, tl)
+		expectKind(g, c.what, chk, ok, err, c.kind)
+		if !ok {
+			t.Logf("%s:\n%s", c.what, chk.FailureMessage(nil))
+		}
+	}
+}

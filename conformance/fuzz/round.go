@@ -143,13 +143,18 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 		sp.Profile = conformance.Policy
 		sp.Description += ", judged from the NetworkPolicy model."
 	}
+	if serviced(info) && slices.ContainsFunc(s.Actions, func(a Action) bool {
+		return a.Op == OpJoin || a.Op == OpLeave || a.Op == OpUpgrade && a.Node == 1
+	}) {
+		sp.Description += fmt.Sprintf(" Each join, and each leave of a spare in a Service, holds new connections from the client to the Service's ClusterIP, one every {order-interval}, from just before the change to %s after it, and each upgrade of node 1's agent as many from the external client to its NodePort of the Service whose backend is on it: every one succeeds.", burstFor)
+	}
 	if serviced(info) && udp(info) {
 		sp.Features = append(sp.Features, conformance.FeatureUDP)
 		sp.Description += fmt.Sprintf(" Each Service has a UDP twin; the client holds a UDP flow (one socket, a datagram every %s) on each twin, and opens %d more on a twin when a ready spare joins its Service: every datagram answered is answered by a backend the Service had, within {udp-repoint}, and no flow goes unanswered for longer than a stream may stall.", udpFlowInterval, udpFlowsPerJoin)
 	}
 	if netpolWorld(s, info) {
 		sp.Features = append(sp.Features, conformance.FeatureNetworkPolicy)
-		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet, and %d UDP datagrams on each of them, one every {connect-interval}, each from a new socket), each delivered or not as every set of policies in force {policy-programmed} before says.", len(policyPairs), len(newPodPairs), birthDatagrams)
+		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet, and %d UDP datagrams on each of them, one every {connect-interval}, each from a new socket), and around each write of a policy send UDP datagrams on each pair for %s, one every {order-interval}, each from a new socket: each delivered or not as every set of policies in force {policy-programmed} before says.", len(policyPairs), len(newPodPairs), birthDatagrams, burstFor)
 	}
 	if n := len(s.churns()); n > 0 {
 		sp.Description += fmt.Sprintf(" %d of its steps churn node 1's SNAT ports (a new connection every {connect-interval} on each of %d probes, from the external client through its NodePort to the remote backend): none reset or refused, at most {snat-retry-per-mille} in 1,000 failed otherwise (timed out).", n, churnProbes)
@@ -435,6 +440,16 @@ func (w *world) judgeServices(e *conformance.Env, s Schedule, sc *conformance.Sc
 			conformance.Check{Name: fmt.Sprintf("every new connection on %s succeeds, but %d that may time out under the churn (snat-retry-per-mille)", fl.Name, allow),
 				Matcher: matchers.HaveNoFailedAttempts(matchers.Probes(c), matchers.Allow(allow))})
 	}
+	for i := range s.Actions {
+		fl, svc, ok := w.burstPath(e, s, i)
+		if !ok {
+			continue
+		}
+		name := burstProbe(i + 1)
+		w.service[name] = svc
+		sc.Checks = append(sc.Checks, conformance.Check{Name: fmt.Sprintf("every new connection of step %d's burst (on %s, one every order-interval) succeeds", i+1, fl.Name),
+			Matcher: newSpanned(burstEvents, i+1, []string{name}, 0)})
+	}
 	for _, i := range s.churns() {
 		for _, name := range churnNames(i + 1) {
 			w.service[name] = w.serviceOf(w.churnPath(e).Backend)
@@ -557,7 +572,10 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 				st = conformance.RollBackAgent(n)
 			}
 			upgraded[a.Node-1] = !upgraded[a.Node-1]
-			return st.Do(ctx, e)
+			if w.core == nil {
+				return st.Do(ctx, e)
+			}
+			return w.burst(ctx, e, s, i, func() error { return st.Do(ctx, e) })
 		case OpSwitch:
 			return conformance.Switch(n).Do(ctx, e)
 		case OpOutage:
@@ -569,7 +587,7 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 			}
 			return conformance.Start(n).Do(ctx, e)
 		case OpJoin:
-			if err := w.label(ctx, e, a.Backend, w.apps[a.Service]); err != nil || a.Backend == unready {
+			if err := w.burst(ctx, e, s, i, func() error { return w.label(ctx, e, a.Backend, w.apps[a.Service]) }); err != nil || a.Backend == unready {
 				return err
 			}
 			flows.Go(func() error { return w.openStreams(ctx, e, i+1, a.Service) })
@@ -578,7 +596,7 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 			}
 			return nil
 		case OpLeave:
-			return w.label(ctx, e, a.Backend, idleApp)
+			return w.burst(ctx, e, s, i, func() error { return w.label(ctx, e, a.Backend, idleApp) })
 		case OpVanish:
 			if err := conformance.VanishPod(w.spares[a.Backend]).Do(ctx, e); err != nil {
 				return err

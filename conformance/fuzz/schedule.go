@@ -458,6 +458,23 @@ func Generate(seed uint64, round int, c Claims, n int, span time.Duration) Sched
 	return s
 }
 
+// leftService is the Service the spare of step i (a leave) leaves: the one its last
+// join before it, with no leave between, put it in; empty if none did (a shrunk
+// schedule may hold a leave of a spare in no Service).
+func (s Schedule) leftService(i int) string {
+	svc := ""
+	for _, a := range s.Actions[:i] {
+		switch {
+		case a.Backend != s.Actions[i].Backend:
+		case a.Op == OpJoin:
+			svc = a.Service
+		case a.Op == OpLeave:
+			svc = ""
+		}
+	}
+	return svc
+}
+
 // churn adds to actions, in one draw of four, a churn due at a time in span.
 func churn(rng *rand.Rand, actions []Action, span time.Duration) []Action {
 	if rng.IntN(4) != 0 {

@@ -308,3 +308,20 @@ func TestModel(t *testing.T) {
 }
 
 func writeFile(path, text string) error { return os.WriteFile(path, []byte(text), 0o644) }
+
+// A leave's burst is on the Service its spare's last join put it in.
+func TestLeftService(t *testing.T) {
+	g := NewWithT(t)
+	s := Schedule{Actions: []Action{
+		{Op: OpLeave, Backend: "spare-1"},
+		{Op: OpJoin, Backend: "spare-1", Service: "web-local"},
+		{Op: OpJoin, Backend: "spare-2", Service: "web-remote"},
+		{Op: OpLeave, Backend: "spare-1"},
+		{Op: OpLeave, Backend: "spare-1"},
+		{Op: OpLeave, Backend: "spare-2"},
+	}}
+	g.Expect(s.leftService(0)).To(BeEmpty(), "a leave of a spare in no Service (a shrunk schedule)")
+	g.Expect(s.leftService(3)).To(Equal("web-local"))
+	g.Expect(s.leftService(4)).To(BeEmpty(), "left already")
+	g.Expect(s.leftService(5)).To(Equal("web-remote"))
+}
