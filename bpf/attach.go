@@ -73,10 +73,56 @@ func ifindexByName(name string) (int, error) {
 // this index, on ingress and egress. If they are attached already (by this
 // or an earlier run), their programs are replaced in place, atomically.
 func (d *Datapath) AttachHost(ifindex int) error {
-	if err := d.attach(ifindex, tcIngress, d.objs.TcHostIngress, "dpc_host_ingress"); err != nil {
-		return err
+	return d.attachBoth(ifindex, d.objs.TcHostIngress, "dpc_host_ingress", d.objs.TcHostEgress, "dpc_host_egress")
+}
+
+// attachBoth attaches an interface's two programs, in hookOrder.
+func (d *Datapath) attachBoth(ifindex int, ingress *ebpf.Program, ingressName string, egress *ebpf.Program, egressName string) error {
+	for _, dir := range d.hookOrder(ifindex) {
+		prog, name := ingress, ingressName
+		if dir == tcEgress {
+			prog, name = egress, egressName
+		}
+		if err := d.attach(ifindex, dir, prog, name); err != nil {
+			return err
+		}
 	}
-	return d.attach(ifindex, tcEgress, d.objs.TcHostEgress, "dpc_host_egress")
+	return nil
+}
+
+// hookOrder is the order in which an interface's two programs are attached. Where
+// none of the datapath's is attached yet, egress first: the reply of a flow the
+// ingress program NATs leaves through the egress program, which reverses the NAT,
+// and attached second it would let the replies of the flows of the moment in
+// between leave with the backend's address, to be reset by their clients (a first
+// start that takes an interface over from kube-proxy's rules would lose them).
+// Where the programs are replaced, ingress first: a flow the new ingress program
+// creates while a conntrack table is migrated is mirrored into the table the old
+// egress program reads (ct_mirror), and an old ingress program's flow created
+// after the migration's copy would be one the new egress program cannot find.
+func (d *Datapath) hookOrder(ifindex int) []tcHook {
+	if d.attached(ifindex, tcIngress) {
+		return []tcHook{tcIngress, tcEgress}
+	}
+	return []tcHook{tcEgress, tcIngress}
+}
+
+// attached reports whether a program of the datapath is attached to the interface
+// in direction dir: its pinned tcx link, or its clsact filter. An error reading
+// either counts as attached (the order for a replacement).
+func (d *Datapath) attached(ifindex int, dir tcHook) bool {
+	if _, err := os.Stat(LinkPinPath(d.pinDir, ifindex, dir.String())); !errors.Is(err, os.ErrNotExist) {
+		return true
+	}
+	l, err := netlink.LinkByIndex(ifindex)
+	if err != nil {
+		return true
+	}
+	filters, err := netlink.FilterList(l, dir.clsactParent())
+	if err != nil {
+		return !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT)
+	}
+	return slices.ContainsFunc(filters, ours)
 }
 
 // AttachHostByName is AttachHost for the interface with this name.
@@ -128,10 +174,7 @@ func (d *Datapath) attachEndpoint(ifindex int, podIP netip.Addr, flags EndpointF
 	if err := d.putEndpoint(ifindex, podIP, flags, p); err != nil {
 		return fmt.Errorf("attach endpoint %s: %w", podIP, err)
 	}
-	if err := d.attach(ifindex, tcIngress, d.objs.TcEpIngress, "dpc_ep_ingress"); err != nil {
-		return err
-	}
-	return d.attach(ifindex, tcEgress, d.objs.TcEpEgress, "dpc_ep_egress")
+	return d.attachBoth(ifindex, d.objs.TcEpIngress, "dpc_ep_ingress", d.objs.TcEpEgress, "dpc_ep_egress")
 }
 
 // AttachEndpointByName is AttachEndpoint for the interface with this name.

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"slices"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -167,9 +168,18 @@ func TestAttachUpdateDetach(t *testing.T) {
 			if d1.Mode() != mode {
 				t.Fatalf("mode %s, want %s", d1.Mode(), mode)
 			}
+			if got := d1.hookOrder(host); !slices.Equal(got, []tcHook{tcEgress, tcIngress}) {
+				t.Errorf("order of a first attach %v, want egress first: the replies of what ingress NATs must meet the program that reverses it", got)
+			}
 			must(t, d1.AttachHostByName("dpc-host"))
 			in1, eg1 := progID(t, d1.objs.TcHostIngress), progID(t, d1.objs.TcHostEgress)
 			h1 := expectAttached(t, "first attach", host, mode, in1, eg1)
+			if mode == AttachTCX && !(h1.tcxLnk[tcEgress][0] < h1.tcxLnk[tcIngress][0]) {
+				t.Errorf("first attach made the ingress link before the egress one: %v", h1.tcxLnk)
+			}
+			if got := d1.hookOrder(host); !slices.Equal(got, []tcHook{tcIngress, tcEgress}) {
+				t.Errorf("order of a replacement %v, want ingress first (ct_mirror covers it)", got)
+			}
 			must(t, d1.AttachHost(host))
 			h2 := expectAttached(t, "attach again", host, mode, in1, eg1)
 			if mode == AttachTCX {
