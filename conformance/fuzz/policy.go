@@ -440,7 +440,11 @@ func (m *policyModel) allowed(pr policyPair, s int) (bool, string) {
 // shown is when the datapath showed each of the round's policy changes on pr: the
 // start of the shownAfter-th attempt in a row that went as the change says, all
 // made while it was the last; a change that says of pr what the one before said is
-// shown when that one was. Zero: never. attempts are pr's, in time order.
+// shown when that one was. Zero: never. A change that turns back a verdict whose
+// own change was never shown is never shown either: the set before that one says
+// what it says and may still be in force, so no attempt tells them apart (x/a's
+// ingress denied, opened, denied again within the budget: the opening programmed
+// late is not the second deny taken back). attempts are pr's, in time order.
 func (m *policyModel) shown(pr policyPair, attempts []probe.Event) []monotime.Time {
 	m.once.Do(m.build)
 	out := make([]monotime.Time, len(m.changes))
@@ -449,7 +453,7 @@ func (m *policyModel) shown(pr policyPair, attempts []probe.Event) []monotime.Ti
 		was, _ := m.allowed(pr, prev)
 		now, _ := m.allowed(pr, c.state)
 		prev = c.state
-		if was == now {
+		if was == now || prevShown == 0 {
 			out[j] = prevShown
 			continue
 		}

@@ -110,6 +110,42 @@ func TestPolicyAsModelled(t *testing.T) {
 	g.Expect(chk.Result().Verdict).To(Equal(matchers.Instrument))
 }
 
+// A change is shown on a pair only by attempts no earlier set still in force
+// explains: x's ingress denied at 1 s (shown), opened at 1.6 s and denied again at
+// 1.7 s. The attempts from 1.7 s that are not delivered may be the first deny
+// still in force, the opening never having shown; a delivery after them is the
+// opening programmed late, not the second deny taken back.
+func TestPolicyAsModelledShownAfterUnshown(t *testing.T) {
+	p := fakePolicies(t, "deny all ingress in x", "no policies: everything reaches everything again", "deny all ingress in x")
+	for _, c := range []struct {
+		what    string
+		deliver func(ms int) bool
+		kind    matchers.Kind
+	}{
+		{"the opening programmed after the second deny was written", func(ms int) bool { return ms < 1300 || (ms >= 1800 && ms < 1850) }, ""},
+		{"delivered past the second deny's budget", func(ms int) bool { return ms < 1300 || (ms >= 1800 && ms < 1850) || ms == 2300 }, matchers.KindDelivered},
+	} {
+		g := NewWithT(t)
+		tl := timeline.New()
+		tl.RecordAt(at(1000), EventPolicies, "1: create x/deny-ingress")
+		tl.RecordAt(at(1600), EventPolicies, "2: delete x/deny-ingress")
+		tl.RecordAt(at(1700), EventPolicies, "3: create x/deny-ingress")
+		pr := policyPairs[0]
+		for ms, seq := 0, uint64(1); ms < 3000; ms, seq = ms+10, seq+1 {
+			e := probe.Event{Time: at(ms), Kind: probe.KindAttempt, Probe: pr.name(), Seq: seq, Outcome: probe.Timeout}
+			if c.deliver(ms) {
+				e.Outcome, e.Backend = probe.OK, pr.to
+			}
+			tl.Add(e)
+		}
+		m := &policyModel{tl: tl.Transitions, budget: 500 * time.Millisecond, timeout: 200 * time.Millisecond, p: p}
+		chk := newPolicyAsModelled(m)
+		chk.pairs = map[string]policyPair{pr.name(): pr}
+		ok, err := chk.Match(tl.Window(at(0), at(3000)))
+		expectKind(g, c.what, chk, ok, err, c.kind)
+	}
+}
+
 // withNewPod is fakePolicies with pod x/<name> (pod=b) appeared, and pr its pair.
 func withNewPod(t *testing.T, policy, name string, pr policyPair) *policies {
 	p := fakePolicies(t, policy)
