@@ -41,8 +41,11 @@ var burstEvents = spanEvents{EventBurstStart, EventBurstEnd}
 func burstProbe(step int) string { return fmt.Sprintf("burst-%d", step) }
 
 // burstPath is the path of the burst of s's step i, and the Service it goes to;
-// false if the step has none.
+// false if the step has none, or the world no Services (a Policy-only world).
 func (w *world) burstPath(e *conformance.Env, s Schedule, i int) (workloads.Flow, string, bool) {
+	if w.core == nil {
+		return workloads.Flow{}, "", false
+	}
 	a := s.Actions[i]
 	var svc, path string
 	switch {

@@ -572,9 +572,6 @@ func (w *world) execute(ctx context.Context, e *conformance.Env, s Schedule) err
 				st = conformance.RollBackAgent(n)
 			}
 			upgraded[a.Node-1] = !upgraded[a.Node-1]
-			if w.core == nil {
-				return st.Do(ctx, e)
-			}
 			return w.burst(ctx, e, s, i, func() error { return st.Do(ctx, e) })
 		case OpSwitch:
 			return conformance.Switch(n).Do(ctx, e)
