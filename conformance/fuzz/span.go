@@ -7,6 +7,8 @@ import (
 	"slices"
 	"time"
 
+	"golang.org/x/sync/errgroup"
+
 	"github.com/dpconform/dpconform/conformance"
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/monotime"
@@ -39,23 +41,18 @@ func hold(ctx context.Context, e *conformance.Env, ev spanEvents, step int, flow
 		}
 		return errors.Join(errs...)
 	}
-	errs := make([]error, len(flows))
-	done := make(chan int, len(flows))
+	var g errgroup.Group
 	for i, fl := range flows {
-		go func() {
+		g.Go(func() (err error) {
 			c := e.Connect(names[i], fl.Target)
 			c.Interval = interval
-			ps[i], errs[i] = e.World.StartProbe(ctx, fl.From, c)
-			if errs[i] != nil {
-				errs[i] = fmt.Errorf("probe %s: %w", names[i], errs[i])
+			if ps[i], err = e.World.StartProbe(ctx, fl.From, c); err != nil {
+				return fmt.Errorf("probe %s: %w", names[i], err)
 			}
-			done <- i
-		}()
+			return nil
+		})
 	}
-	for range flows {
-		<-done
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := g.Wait(); err != nil {
 		if ctx.Err() != nil {
 			return stop()
 		}
