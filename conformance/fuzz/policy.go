@@ -97,10 +97,14 @@ const birthDatagrams = 500
 
 // birthPairs are newPodPairs probed with TCP, and again with UDP.
 func birthPairs() []policyPair {
-	out := slices.Clone(newPodPairs)
-	for _, pr := range newPodPairs {
-		pr.udp = true
-		out = append(out, pr)
+	return append(slices.Clone(newPodPairs), udpTwins(newPodPairs)...)
+}
+
+// udpTwins are prs probed with UDP.
+func udpTwins(prs []policyPair) []policyPair {
+	out := slices.Clone(prs)
+	for i := range out {
+		out[i].udp = true
 	}
 	return out
 }
@@ -142,8 +146,7 @@ const burstFor = 100 * time.Millisecond
 // burstPairs are policyPairs probed with UDP, by probe name: a write's burst.
 var burstPairs = func() map[string]policyPair {
 	out := map[string]policyPair{}
-	for _, pr := range policyPairs {
-		pr.udp = true
+	for _, pr := range udpTwins(policyPairs) {
 		out[pr.name()] = pr
 	}
 	return out
@@ -302,12 +305,11 @@ func (p *policies) burst(ctx context.Context, e *conformance.Env, write func() e
 	n := p.bursts
 	p.mu.Unlock()
 	var g errgroup.Group
-	for _, pr := range policyPairs {
+	for name, pr := range burstPairs {
 		from, _ := p.pod(pr.from)
 		to, _ := p.pod(pr.to)
-		pr.udp = true
-		u := probe.UDP{Name: fmt.Sprintf("policy-burst-%d-%s", n, strings.TrimPrefix(pr.name(), "policy-udp-")), NewSocket: true,
-			To:       []probe.Destination{{Label: pr.name(), Addr: netip.AddrPortFrom(to.Pod.IP(), uint16(pr.port)).String()}},
+		u := probe.UDP{Name: fmt.Sprintf("policy-burst-%d-%s", n, strings.TrimPrefix(name, "policy-udp-")), NewSocket: true,
+			To:       []probe.Destination{{Label: name, Addr: netip.AddrPortFrom(to.Pod.IP(), uint16(pr.port)).String()}},
 			Interval: e.Budgets.OrderInterval, Count: int(burstFor / e.Budgets.OrderInterval)}
 		g.Go(func() error {
 			if _, err := e.World.StartProbe(ctx, from.Pod, u); err != nil {
