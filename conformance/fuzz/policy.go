@@ -143,6 +143,10 @@ const policyInterval = 50 * time.Millisecond
 // two. A burst is 400 datagrams a pair, 3,600 for the nine.
 const burstFor = 100 * time.Millisecond
 
+// burstSends is how many datagrams each pair of a write's burst sends: burstFor at
+// order-interval.
+func burstSends(b conformance.Budgets) int { return int(burstFor / b.OrderInterval) }
+
 // burstPairs are policyPairs probed with UDP, by probe name: a write's burst.
 var burstPairs = func() map[string]policyPair {
 	out := map[string]policyPair{}
@@ -163,7 +167,6 @@ type policies struct {
 	inForce map[string]*networkingv1.NetworkPolicy // "ns/name" -> the policy
 	states  [][]networkingv1.NetworkPolicy
 	born    map[string]policyPair // the new pods' pairs, by probe
-	bursts  int                   // the writes' bursts started
 }
 
 func deployPolicies(ctx context.Context, e *conformance.Env) (*policies, error) {
@@ -298,19 +301,19 @@ func (p *policies) put(ctx context.Context, e *conformance.Env, name string) err
 // burst starts a burst of datagrams on the fixed pairs (burstPairs), for burstFor:
 // one probe a pair (a probe sends no finer than every 100 µs), a new socket each
 // datagram, all started at once; once every one is sending, it does write, and
-// returns. The probes stop by themselves.
+// returns. The probes stop by themselves. They are named by the set the write makes
+// (burstProbe).
 func (p *policies) burst(ctx context.Context, e *conformance.Env, write func() error) error {
 	p.mu.Lock()
-	p.bursts++
-	n := p.bursts
+	n := len(p.states)
 	p.mu.Unlock()
 	var g errgroup.Group
 	for name, pr := range burstPairs {
 		from, _ := p.pod(pr.from)
 		to, _ := p.pod(pr.to)
-		u := probe.UDP{Name: fmt.Sprintf("policy-burst-%d-%s", n, strings.TrimPrefix(name, "policy-udp-")), NewSocket: true,
+		u := probe.UDP{Name: policyBurstProbe(strconv.Itoa(n), name), NewSocket: true,
 			To:       []probe.Destination{{Label: name, Addr: netip.AddrPortFrom(to.Pod.IP(), uint16(pr.port)).String()}},
-			Interval: e.Budgets.OrderInterval, Count: int(burstFor / e.Budgets.OrderInterval)}
+			Interval: e.Budgets.OrderInterval, Count: burstSends(e.Budgets)}
 		g.Go(func() error {
 			if _, err := e.World.StartProbe(ctx, from.Pod, u); err != nil {
 				return fmt.Errorf("probe %s: %w", u.Name, err)
@@ -322,6 +325,12 @@ func (p *policies) burst(ctx context.Context, e *conformance.Env, write func() e
 		return err
 	}
 	return write()
+}
+
+// policyBurstProbe is the probe of pair (by name) in the burst around the write that
+// makes set n: "policy-burst-3-xb-xa-80".
+func policyBurstProbe(n, pair string) string {
+	return "policy-burst-" + n + "-" + strings.TrimPrefix(pair, "policy-udp-")
 }
 
 // write changes the policies in force with change and records the new set's number.
@@ -374,6 +383,9 @@ type policyModel struct {
 	budget  time.Duration
 	timeout time.Duration
 	p       *policies
+	// burst is how many datagrams each pair of a write's burst sends (burstFor at
+	// order-interval); zero where the writes have no bursts.
+	burst int
 
 	once    sync.Once
 	changes []policyChange
@@ -705,5 +717,53 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 			return false, fmt.Errorf("%w: %s: the round cannot judge its pair", matchers.ErrInstrument, c.res.First)
 		}
 	}
+	if quiet := c.quietBurst(w); quiet != "" {
+		c.blind(quiet)
+		return false, fmt.Errorf("%w: %s: the round cannot judge the moment the write was taken in", matchers.ErrInstrument, quiet)
+	}
 	return passed, nil
+}
+
+// quietBurst says which pair's probe of a write's burst, the first, went quiet: sent
+// fewer than half its datagrams, or none at or before the write, or none at or
+// after it. Its datagrams passed the moment the write was taken in by, and judged
+// nothing of it: the round is void rather than passed. Empty: none went quiet.
+func (c *policyAsModelled) quietBurst(w timeline.Window) string {
+	if c.m.burst == 0 {
+		return ""
+	}
+	type sends struct {
+		n           int
+		first, last monotime.Time
+	}
+	by := map[string]*sends{}
+	for _, e := range w.Events {
+		if e.Kind != probe.KindSent || e.Outcome != probe.OK || !strings.HasPrefix(e.Probe, "policy-burst-") {
+			continue
+		}
+		s := by[e.Probe]
+		if s == nil {
+			s = &sends{first: e.Time}
+			by[e.Probe] = s
+		}
+		s.n, s.last = s.n+1, e.Time
+	}
+	for _, tr := range w.Transitions {
+		if tr.Name != EventPolicies || !w.Contains(tr.Time) {
+			continue
+		}
+		n, _, _ := strings.Cut(tr.Detail, ":")
+		for _, pair := range slices.Sorted(maps.Keys(burstPairs)) {
+			name := policyBurstProbe(n, pair)
+			s := by[name]
+			if s == nil {
+				return fmt.Sprintf("probe %s sent no datagram around policy write %q", name, tr.Detail)
+			}
+			if s.n < c.m.burst/2 || s.first > tr.Time || s.last < tr.Time {
+				return fmt.Sprintf("probe %s sent %d of %d datagrams, from %s to %s, around policy write %q",
+					name, s.n, c.m.burst, w.Relative(s.first), w.Relative(s.last), tr.Detail)
+			}
+		}
+	}
+	return ""
 }

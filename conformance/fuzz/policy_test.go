@@ -2,6 +2,7 @@ package fuzz
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"slices"
 	"testing"
@@ -359,5 +360,51 @@ func TestPolicyAsModelledBurst(t *testing.T) {
 		if !ok {
 			t.Logf("%s:\n%s", c.what, chk.FailureMessage(nil))
 		}
+	}
+}
+
+// A write's burst that goes quiet on a pair (sends too few datagrams, or none on one
+// side of the write) judged nothing of the moment the write was taken in: the round
+// is void, not passed.
+func TestPolicyAsModelledQuietBurst(t *testing.T) {
+	const n = 400 // every 250 µs, from 5 ms before the write
+	quiet := policyPair{from: "y/b", to: "x/a", port: 80, udp: true}.name()
+	for _, c := range []struct {
+		what string
+		sent func(i int) bool // whether the quiet pair's datagram i was sent
+		void bool
+	}{
+		{"every pair sent throughout", func(int) bool { return true }, false},
+		{"y/b's probe sent nothing", func(int) bool { return false }, true},
+		{"y/b's probe stopped before the write", func(i int) bool { return i < 16 }, true},
+		{"y/b's probe started after the write", func(i int) bool { return i > 24 }, true},
+		{"y/b's probe sent a third of its datagrams", func(i int) bool { return i%3 == 0 }, true},
+		{"y/b's probe starved for 40 ms across the write, but sent", func(i int) bool { return i < 10 || i > 170 }, false},
+	} {
+		g := NewWithT(t)
+		p := fakePolicies(t, "no policies: everything reaches everything again")
+		tl := timeline.New()
+		tl.RecordAt(at(0), EventPolicies, "1: delete x/none")
+		seq := uint64(0)
+		for _, pair := range slices.Sorted(maps.Keys(burstPairs)) {
+			pr, name := burstPairs[pair], policyBurstProbe("1", pair)
+			for i := range n {
+				if pair == quiet && !c.sent(i) {
+					continue
+				}
+				seq++
+				datagram(tl, name, pr, -5+i/4, seq, true, peer(seq))
+			}
+		}
+		chk := newPolicyAsModelled(&policyModel{tl: tl.Transitions, budget: time.Second, timeout: 200 * time.Millisecond, p: p, burst: n})
+		chk.pairs = map[string]policyPair{}
+		ok, err := chk.Match(tl.Window(at(-1000), at(1000)))
+		if !c.void {
+			expectKind(g, c.what, chk, ok, err, "")
+			continue
+		}
+		g.Expect(err).To(MatchError(matchers.ErrInstrument), c.what)
+		g.Expect(chk.Result().Verdict).To(Equal(matchers.Instrument), c.what)
+		t.Logf("%s: %s", c.what, chk.Result().First)
 	}
 }

@@ -154,7 +154,7 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 	}
 	if netpolWorld(s, info) {
 		sp.Features = append(sp.Features, conformance.FeatureNetworkPolicy)
-		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet, and %d UDP datagrams on each of them, one every {connect-interval}, each from a new socket), and around each write of a policy send UDP datagrams on each pair for %s, one every {order-interval}, each from a new socket: each delivered or not as every set of policies in force {policy-programmed} before says.", len(policyPairs), len(newPodPairs), birthDatagrams, burstFor)
+		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet, and %d UDP datagrams on each of them, one every {connect-interval}, each from a new socket), and around each write of a policy send UDP datagrams on each pair for %s, one every {order-interval}, each from a new socket: each delivered or not as every set of policies in force {policy-programmed} before says; a pair's burst that sends fewer than half its datagrams, or none on one side of its write, voids the round.", len(policyPairs), len(newPodPairs), birthDatagrams, burstFor)
 	}
 	if n := len(s.churns()); n > 0 {
 		sp.Description += fmt.Sprintf(" %d of its steps churn node 1's SNAT ports (a new connection every {connect-interval} on each of %d probes, from the external client through its NodePort to the remote backend): none reset or refused, at most {snat-retry-per-mille} in 1,000 failed otherwise (timed out).", n, churnProbes)
@@ -390,7 +390,8 @@ func runRound(ctx context.Context, e *conformance.Env, s Schedule) error {
 			return err
 		}
 		sc.Traffic = append(sc.Traffic, tr...)
-		pm := &policyModel{tl: e.World.Timeline().Transitions, budget: e.Budgets.PolicyProgrammed, timeout: e.Budgets.AttemptTimeout, p: w.pol}
+		pm := &policyModel{tl: e.World.Timeline().Transitions, budget: e.Budgets.PolicyProgrammed, timeout: e.Budgets.AttemptTimeout, p: w.pol,
+			burst: burstSends(e.Budgets)}
 		sc.Checks = append(sc.Checks, conformance.Check{Name: "every new connection between the netpol pods is delivered or not as the policies in force say, within policy-programmed", Matcher: newPolicyAsModelled(pm)})
 	}
 	if w.addr != nil {
