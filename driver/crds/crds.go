@@ -18,6 +18,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/dynamic"
 	"sigs.k8s.io/yaml"
 )
@@ -29,7 +30,9 @@ var resource = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Versio
 // does not have, and returns once it serves every one of them (its Established
 // condition is True), or an error naming those it does not serve when ctx ends.
 // Every node's start may call it, at once or one after another: the first to find a
-// CRD missing creates it, and the others wait for it.
+// CRD missing creates it, and the others wait for it. A request the API server
+// refuses for now (transient) or that does not reach it is tried again until ctx
+// ends; any other refusal ends Ensure at once, naming the request.
 //
 // Where every CRD exists and is served it costs one list. The client should not be
 // throttled by client-go's default rate limit (5 requests a second after a burst of
@@ -41,8 +44,11 @@ func Ensure(ctx context.Context, client dynamic.Interface, dir string) error {
 		return err
 	}
 	crds := client.Resource(resource)
-	list, err := crds.List(ctx, metav1.ListOptions{})
-	if err != nil {
+	var list *unstructured.UnstructuredList
+	if err := poll(ctx, func(ctx context.Context) (done bool, err error) {
+		list, err = crds.List(ctx, metav1.ListOptions{})
+		return err == nil, err
+	}); err != nil {
 		return fmt.Errorf("list the API server's CRDs: %w", err)
 	}
 	have := make(map[string]*unstructured.Unstructured, len(list.Items))
@@ -53,57 +59,66 @@ func Ensure(ctx context.Context, client dynamic.Interface, dir string) error {
 	for _, crd := range want {
 		got, ok := have[crd.GetName()]
 		if !ok {
-			got, err = crds.Create(ctx, crd, metav1.CreateOptions{})
-			if apierrors.IsAlreadyExists(err) {
-				// Another node's start made it since the list.
-				pending = append(pending, crd.GetName())
-				continue
-			}
-			if err != nil {
+			if err := poll(ctx, func(ctx context.Context) (done bool, err error) {
+				got, err = crds.Create(ctx, crd, metav1.CreateOptions{})
+				if apierrors.IsAlreadyExists(err) {
+					// Another node's start made it since the list.
+					got, err = nil, nil
+				}
+				return err == nil, err
+			}); err != nil {
 				return fmt.Errorf("create CRD %s: %w", crd.GetName(), err)
 			}
 		}
-		if !established(got) {
+		if got == nil || !established(got) {
 			pending = append(pending, crd.GetName())
 		}
 	}
-	// lastErr is the last error of a Get that did not reach the API server (a
-	// transport's, or the client's rate limiter's, which fails a Get whose wait for
-	// a token would pass ctx's deadline before the deadline comes), or that it
-	// answered with a refusal for now (transient): the wait goes on until ctx ends,
-	// and the error names it.
-	var lastErr error
-	for len(pending) > 0 {
-		select {
-		case <-ctx.Done():
-			err := fmt.Errorf("CRDs not established (the API server does not serve them): %s: %w", strings.Join(pending, ", "), ctx.Err())
-			if lastErr != nil {
-				err = fmt.Errorf("%w (last error: %v)", err, lastErr)
-			}
-			return err
-		case <-time.After(50 * time.Millisecond):
-		}
+	err = poll(ctx, func(ctx context.Context) (bool, error) {
 		var still []string
 		for _, name := range pending {
 			got, err := crds.Get(ctx, name, metav1.GetOptions{})
 			switch {
-			case err == nil:
-				if !established(got) {
-					still = append(still, name)
-				}
-			case apierrors.IsNotFound(err):
+			case err == nil && established(got):
+			case err == nil || apierrors.IsNotFound(err):
 				still = append(still, name)
-			case isAPIStatus(err) && !transient(err):
-				// The API server answered, with a refusal waiting will not change.
-				return fmt.Errorf("CRD %s: %w", name, err)
 			default:
-				lastErr = err
-				still = append(still, name)
+				return false, fmt.Errorf("CRD %s: %w", name, err)
 			}
 		}
 		pending = still
+		return len(pending) == 0, nil
+	})
+	if err != nil && ctx.Err() != nil {
+		return fmt.Errorf("CRDs not established (the API server does not serve them): %s: %w", strings.Join(pending, ", "), err)
 	}
-	return nil
+	return err
+}
+
+// pollInterval is the time between two tries of a request the API server did not
+// answer, or refused for now.
+const pollInterval = 50 * time.Millisecond
+
+// poll runs cond at once, then every pollInterval, until it is done or returns an
+// error that waiting will not change: the API server's answer, unless it is
+// transient. Any other error (a transient answer; the transport's; the client's
+// rate limiter's, which fails a request whose wait for a token would pass ctx's
+// deadline before the deadline comes) is waited out until ctx ends, and the error
+// then names the last of them.
+func poll(ctx context.Context, cond wait.ConditionWithContextFunc) error {
+	var last error
+	err := wait.PollUntilContextCancel(ctx, pollInterval, true, func(ctx context.Context) (bool, error) {
+		done, err := cond(ctx)
+		if err != nil && (!isAPIStatus(err) || transient(err)) {
+			last = err
+			return false, nil
+		}
+		return done, err
+	})
+	if err != nil && ctx.Err() != nil && last != nil {
+		err = fmt.Errorf("%w (last error: %v)", err, last)
+	}
+	return err
 }
 
 // isAPIStatus reports whether err is the API server's answer (a Status), not the

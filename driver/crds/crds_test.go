@@ -167,34 +167,60 @@ func TestEnsure(t *testing.T) {
 	}
 }
 
-// An API server that sheds a Get (too many requests, its own timeout, unavailable)
-// will answer it soon: Ensure waits on. A refusal that waiting does not change
-// (forbidden) ends it at once, naming the CRD.
+// An API server that sheds a request (too many requests, its own timeout,
+// unavailable) will answer it soon: Ensure waits on, whether it was the list, the
+// create or a get. A refusal that waiting does not change (forbidden) ends it at
+// once, naming the request.
 func TestEnsureWaitsOutTransientRefusals(t *testing.T) {
 	dir := manifests(t, map[string]string{"widgets.yaml": crdYAML("widgets", "Widget")})
 	name := "widgets.example.dpconform.io"
 	gr := crdResource.GroupResource()
+	shed := []error{
+		apierrors.NewTooManyRequests("the server is busy", 1),
+		apierrors.NewServerTimeout(gr, "get", 1),
+		apierrors.NewServiceUnavailable("starting"),
+		apierrors.NewTimeoutError("request did not complete", 1),
+	}
+	forbidden := []error{apierrors.NewForbidden(gr, name, errors.New("no RBAC"))}
 	for _, tt := range []struct {
-		name    string
-		refuse  []error // the answers to the first Gets, in turn; then the CRD, established
+		verb    string
+		refuse  []error // the answers to the verb's first requests, in turn; then the fake's own
 		wantErr string
 	}{
-		{"shed, then served", []error{
-			apierrors.NewTooManyRequests("the server is busy", 1),
-			apierrors.NewServerTimeout(gr, "get", 1),
-			apierrors.NewServiceUnavailable("starting"),
-			apierrors.NewTimeoutError("request did not complete", 1),
-		}, ""},
-		{"forbidden", []error{apierrors.NewForbidden(gr, name, errors.New("no RBAC"))}, "CRD " + name + ": "},
+		{"list", shed, ""},
+		{"create", shed, ""},
+		{"get", shed, ""},
+		{"list", forbidden, "list the API server's CRDs: "},
+		{"create", forbidden, "create CRD " + name + ": "},
+		{"get", forbidden, "CRD " + name + ": "},
 	} {
-		t.Run(tt.name, func(t *testing.T) {
+		what := "shed, then served"
+		if tt.wantErr != "" {
+			what = "forbidden"
+		}
+		t.Run(tt.verb+" "+what, func(t *testing.T) {
 			client := dynamicfake.NewSimpleDynamicClientWithCustomListKinds(runtime.NewScheme(),
 				map[schema.GroupVersionResource]string{crdResource: "CustomResourceDefinitionList"})
-			gets := 0
+			calls := 0
+			refusal := func() error {
+				if calls++; calls <= len(tt.refuse) {
+					return tt.refuse[calls-1]
+				}
+				return nil
+			}
+			if tt.verb != "get" {
+				client.PrependReactor(tt.verb, "customresourcedefinitions", func(k8stesting.Action) (bool, runtime.Object, error) {
+					err := refusal()
+					return err != nil, nil, err // the fake's tracker answers the rest
+				})
+			}
+			// The fake's tracker has no controller to establish a CRD: a get answers
+			// it established.
 			client.PrependReactor("get", "customresourcedefinitions", func(k8stesting.Action) (bool, runtime.Object, error) {
-				gets++
-				if gets <= len(tt.refuse) {
-					return true, nil, tt.refuse[gets-1]
+				if tt.verb == "get" {
+					if err := refusal(); err != nil {
+						return true, nil, err
+					}
 				}
 				crd := &unstructured.Unstructured{Object: map[string]any{
 					"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
@@ -210,16 +236,16 @@ func TestEnsureWaitsOutTransientRefusals(t *testing.T) {
 				if err != nil {
 					t.Fatalf("Ensure: %v", err)
 				}
-				if gets != len(tt.refuse)+1 {
-					t.Errorf("Ensure made %d Gets, want %d: one a refusal, then the one that found it served", gets, len(tt.refuse)+1)
+				if calls != len(tt.refuse)+1 {
+					t.Errorf("Ensure made %d %ss, want %d: one a refusal, then the one served", calls, tt.verb, len(tt.refuse)+1)
 				}
 				return
 			}
 			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 				t.Fatalf("Ensure: %v, want an error containing %q", err, tt.wantErr)
 			}
-			if gets != 1 {
-				t.Errorf("Ensure made %d Gets after a refusal that waiting does not change, want 1", gets)
+			if calls != 1 {
+				t.Errorf("Ensure made %d %ss after a refusal that waiting does not change, want 1", calls, tt.verb)
 			}
 		})
 	}
