@@ -302,7 +302,7 @@ func (p *policies) put(ctx context.Context, e *conformance.Env, name string) err
 // one probe a pair (a probe sends no finer than every 100 µs), a new socket each
 // datagram, all started at once; once every one is sending, it does write, and
 // returns. The probes stop by themselves. They are named by the set the write makes
-// (burstProbe).
+// (policyBurstProbe).
 func (p *policies) burst(ctx context.Context, e *conformance.Env, write func() error) error {
 	p.mu.Lock()
 	n := len(p.states)

@@ -325,3 +325,46 @@ func TestLeftService(t *testing.T) {
 	g.Expect(s.leftService(4)).To(BeEmpty(), "left already")
 	g.Expect(s.leftService(5)).To(Equal("web-remote"))
 }
+
+// A round that failed in one step's own span blames that step, and the join that put
+// in its Service the spare a blamed leave takes out; a round that failed as a whole
+// blames none.
+func TestBlamed(t *testing.T) {
+	s := Schedule{Actions: []Action{
+		{At: 1, Op: OpJoin, Backend: "spare-a", Service: "web-local"},
+		{At: 2, Op: OpLeave, Backend: "spare-a"},
+		{At: 3, Op: OpRestart, Node: 2},
+		{At: 4, Op: OpJoin, Backend: "spare-a", Service: "web-remote"},
+		{At: 5, Op: OpUpgrade, Node: 1},
+		{At: 6, Op: OpLeave, Backend: "spare-a"},
+		{At: 7, Op: OpChurn, For: 8},
+	}}
+	failed := func(names ...string) conformance.Result {
+		res := conformance.Result{Checks: []conformance.CheckResult{
+			{Name: "every new connection of step 5's burst (on nodeport-local, one every order-interval) succeeds", Passed: true},
+		}}
+		for _, n := range names {
+			res.Checks = append(res.Checks, conformance.CheckResult{Name: n})
+		}
+		return res
+	}
+	for _, c := range []struct {
+		what  string
+		res   conformance.Result
+		steps []int
+	}{
+		{"a join's burst", failed("every new connection of step 4's burst (on clusterip-remote, one every order-interval) succeeds"), []int{3}},
+		{"a leave's burst, with the join it undoes", failed("every new connection of step 6's burst (on clusterip-remote, one every order-interval) succeeds"), []int{3, 5}},
+		{"the first leave's, with the first join", failed("every new connection of step 2's burst (on clusterip-local, one every order-interval) succeeds"), []int{0, 1}},
+		{"a churn", failed("no connection of step 7's churn reset or refused, and at most snat-retry-per-mille in 1,000 fail otherwise"), []int{6}},
+		{"the round as a whole", failed("every answer from a backend the model allowed"), nil},
+		{"a passed span only", failed(), nil},
+		{"no such step", failed("every new connection of step 9's burst (on clusterip-local, one every order-interval) succeeds"), nil},
+	} {
+		var want []Action
+		for _, i := range c.steps {
+			want = append(want, s.Actions[i])
+		}
+		NewWithT(t).Expect(s.blamed(c.res)).To(Equal(want), c.what)
+	}
+}
