@@ -74,5 +74,5 @@ func (w *world) burst(ctx context.Context, e *conformance.Env, s Schedule, i int
 	if !ok {
 		return do()
 	}
-	return hold(ctx, e, burstEvents, i+1, []workloads.Flow{fl}, []string{burstProbe(i + 1)}, e.Budgets.OrderInterval, burstFor, do)
+	return hold(ctx, e, burstEvents, i+1, connects(e, []workloads.Flow{fl}, []string{burstProbe(i + 1)}, e.Budgets.OrderInterval), burstFor, do)
 }

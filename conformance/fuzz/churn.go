@@ -54,7 +54,7 @@ func (w *world) churn(ctx context.Context, e *conformance.Env, step int, d time.
 	for k := range flows {
 		flows[k] = w.churnPath(e)
 	}
-	return hold(ctx, e, churnEvents, step, flows, names, e.Budgets.ConnectInterval, d, nil)
+	return hold(ctx, e, churnEvents, step, connects(e, flows, names, e.Budgets.ConnectInterval), d, nil)
 }
 
 // churnAllowance is how many of n new connections made under a churn may time out:

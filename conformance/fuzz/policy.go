@@ -133,18 +133,18 @@ var newPodPairs = []policyPair{
 const policyInterval = 50 * time.Millisecond
 
 // burstFor is how long each fixed pair is probed with UDP datagrams, one every
-// order-interval (250 µs), each from a new socket, around each write of policies:
-// the burst starts just before the write and goes on past the moment the
-// implementation takes the change in. A write taken in as two (a delete, then the
+// order-interval (250 µs), each from a new socket, after each write of policies:
+// the burst starts before the write (once its nine probes are all sending) and goes
+// on past the moment the implementation takes the change in. A write taken in as two (a delete, then the
 // add a round later: ORDER-POLICY-REPLACE's delete-then-add) leaves the pods the
 // policy selects with only their other policies for one agent round, some hundred
 // microseconds: policyInterval's connections, 50 ms apart, pass it by, and a
 // datagram, a flow of its own judged afresh, falls in it on a pair about once in
-// two. A burst is 400 datagrams a pair, 3,600 for the nine.
+// two. A burst is 400 datagrams a pair after the write, 3,600 for the nine.
 const burstFor = 100 * time.Millisecond
 
-// burstSends is how many datagrams each pair of a write's burst sends: burstFor at
-// order-interval.
+// burstSends is how many datagrams each pair of a write's burst sends in burstFor,
+// one every order-interval: it sends as many after the write at least.
 func burstSends(b conformance.Budgets) int { return int(burstFor / b.OrderInterval) }
 
 // burstPairs are policyPairs probed with UDP, by probe name: a write's burst.
@@ -298,33 +298,25 @@ func (p *policies) put(ctx context.Context, e *conformance.Env, name string) err
 	return nil
 }
 
-// burst starts a burst of datagrams on the fixed pairs (burstPairs), for burstFor:
+// burst holds a burst of datagrams on the fixed pairs (burstPairs) around write:
 // one probe a pair (a probe sends no finer than every 100 µs), a new socket each
-// datagram, all started at once; once every one is sending, it does write, and
-// returns. The probes stop by themselves. They are named by the set the write makes
-// (policyBurstProbe).
+// datagram, one every order-interval, all started at once; once every one is
+// sending, it does write, and the probes go on for burstFor after it (hold). They
+// are named by the set the write makes (policyBurstProbe).
 func (p *policies) burst(ctx context.Context, e *conformance.Env, write func() error) error {
 	p.mu.Lock()
 	n := len(p.states)
 	p.mu.Unlock()
-	var g errgroup.Group
-	for name, pr := range burstPairs {
+	var probes []placed
+	for _, name := range slices.Sorted(maps.Keys(burstPairs)) {
+		pr := burstPairs[name]
 		from, _ := p.pod(pr.from)
 		to, _ := p.pod(pr.to)
-		u := probe.UDP{Name: policyBurstProbe(strconv.Itoa(n), name), NewSocket: true,
+		probes = append(probes, placed{from.Pod, probe.UDP{Name: policyBurstProbe(strconv.Itoa(n), name), NewSocket: true,
 			To:       []probe.Destination{{Label: name, Addr: netip.AddrPortFrom(to.Pod.IP(), uint16(pr.port)).String()}},
-			Interval: e.Budgets.OrderInterval, Count: burstSends(e.Budgets)}
-		g.Go(func() error {
-			if _, err := e.World.StartProbe(ctx, from.Pod, u); err != nil {
-				return fmt.Errorf("probe %s: %w", u.Name, err)
-			}
-			return nil
-		})
+			Interval: e.Budgets.OrderInterval}})
 	}
-	if err := g.Wait(); err != nil {
-		return err
-	}
-	return write()
+	return hold(ctx, e, spanEvents{}, n, probes, burstFor, write)
 }
 
 // policyBurstProbe is the probe of pair (by name) in the burst around the write that

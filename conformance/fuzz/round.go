@@ -154,7 +154,7 @@ func Spec(s Schedule, info driver.Info) conformance.Spec {
 	}
 	if netpolWorld(s, info) {
 		sp.Features = append(sp.Features, conformance.FeatureNetworkPolicy)
-		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet, and %d UDP datagrams on each of them, one every {connect-interval}, each from a new socket), and around each write of a policy send UDP datagrams on each pair for %s, one every {order-interval}, each from a new socket: each delivered or not as every set of policies in force {policy-programmed} before says; a pair's burst that sends fewer than half its datagrams, or none on one side of its write, voids the round.", len(policyPairs), len(newPodPairs), birthDatagrams, burstFor)
+		sp.Description += fmt.Sprintf(" The netpol fixture's pods open new connections on %d pairs (and a new pod's on %d, from its first packet, and %d UDP datagrams on each of them, one every {connect-interval}, each from a new socket), and around each write of a policy send UDP datagrams on each pair until %s after it, one every {order-interval}, each from a new socket: each delivered or not as every set of policies in force {policy-programmed} before says; a pair's burst that sends fewer than half its datagrams, or none on one side of its write, voids the round.", len(policyPairs), len(newPodPairs), birthDatagrams, burstFor)
 	}
 	if n := len(s.churns()); n > 0 {
 		sp.Description += fmt.Sprintf(" %d of its steps churn node 1's SNAT ports (a new connection every {connect-interval} on each of %d probes, from the external client through its NodePort to the remote backend): none reset or refused, at most {snat-retry-per-mille} in 1,000 failed otherwise (timed out).", n, churnProbes)

@@ -15,21 +15,40 @@ import (
 	"github.com/dpconform/dpconform/fv/probe"
 	"github.com/dpconform/dpconform/fv/timeline"
 	"github.com/dpconform/dpconform/fv/workloads"
+	"github.com/dpconform/dpconform/topologies"
 )
 
 // spanEvents are the names of the two events that bound the span of a step's
 // connect probes (a churn's, a burst's): their detail is the step's number.
 type spanEvents struct{ start, end string }
 
-// hold runs connect probes on flows for a span of step's (one probe a flow, named
-// as names says): they start, all at once; the start is recorded once they are all
-// ready; then during runs (nil: nothing), and the end is recorded d after it
-// returns, before the probes are stopped (a probe stops once its attempts in flight
-// have ended), so that between the two each starts attempts throughout. When ctx
-// ends, the probes stop, with no error; during's error ends the span at once.
-func hold(ctx context.Context, e *conformance.Env, ev spanEvents, step int, flows []workloads.Flow, names []string,
-	interval time.Duration, d time.Duration, during func() error) error {
-	ps := make([]*probe.Process, len(flows))
+// placed is a probe and the host it runs on.
+type placed struct {
+	on  topologies.Host
+	cfg probe.Config
+}
+
+// connects are connect probes on flows, one a flow, named as names says, each
+// starting a connection every interval.
+func connects(e *conformance.Env, flows []workloads.Flow, names []string, interval time.Duration) []placed {
+	out := make([]placed, len(flows))
+	for i, fl := range flows {
+		c := e.Connect(names[i], fl.Target)
+		c.Interval = interval
+		out[i] = placed{fl.From, c}
+	}
+	return out
+}
+
+// hold runs probes for a span of step's (probes that run until stopped): they
+// start, all at once; the start is recorded once they are all ready; then during
+// runs (nil: nothing), and the end is recorded d after it returns, before the
+// probes are stopped (a probe stops once its attempts in flight have ended), so
+// that between the two each probes throughout. Events with no names are not
+// recorded (a policy write's burst: the write marks it). When ctx ends, the probes
+// stop, with no error; during's error ends the span at once.
+func hold(ctx context.Context, e *conformance.Env, ev spanEvents, step int, probes []placed, d time.Duration, during func() error) error {
+	ps := make([]*probe.Process, len(probes))
 	stop := func() error {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 		defer cancel()
@@ -41,13 +60,16 @@ func hold(ctx context.Context, e *conformance.Env, ev spanEvents, step int, flow
 		}
 		return errors.Join(errs...)
 	}
+	record := func(name string) {
+		if name != "" {
+			e.Record(name, fmt.Sprint(step))
+		}
+	}
 	var g errgroup.Group
-	for i, fl := range flows {
+	for i, p := range probes {
 		g.Go(func() (err error) {
-			c := e.Connect(names[i], fl.Target)
-			c.Interval = interval
-			if ps[i], err = e.World.StartProbe(ctx, fl.From, c); err != nil {
-				return fmt.Errorf("probe %s: %w", names[i], err)
+			if ps[i], err = e.World.StartProbe(ctx, p.on, p.cfg); err != nil {
+				return fmt.Errorf("probe %s: %w", p.cfg.ProbeName(), err)
 			}
 			return nil
 		})
@@ -58,14 +80,14 @@ func hold(ctx context.Context, e *conformance.Env, ev spanEvents, step int, flow
 		}
 		return errors.Join(err, stop())
 	}
-	e.Record(ev.start, fmt.Sprint(step))
+	record(ev.start)
 	if during != nil {
 		if err := during(); err != nil {
 			return errors.Join(err, stop())
 		}
 	}
 	if conformance.Hold(ctx, d) == nil {
-		e.Record(ev.end, fmt.Sprint(step))
+		record(ev.end)
 	}
 	return stop()
 }
