@@ -50,8 +50,11 @@ func pinNames() []string {
 }
 
 // DefaultConntrackSize is the conntrack capacity (entries; a flow takes two)
-// when Options.ConntrackSize is 0.
-const DefaultConntrackSize = 65536
+// when Options.ConntrackSize is 0: Linux's nf_conntrack_max on a machine of some
+// GiB, half of Cilium's default for TCP. 65,536 filled within a fuzz round on two
+// cores (a churn of NodePort connections and three policy writes' bursts of new UDP
+// flows), and a full LRU map then evicts new flows' entries before their replies.
+const DefaultConntrackSize = 262144
 
 // Options tune Open.
 type Options struct {
