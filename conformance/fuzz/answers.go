@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"time"
 
 	"github.com/dpconform/dpconform/fv/matchers"
 	"github.com/dpconform/dpconform/fv/monotime"
@@ -13,8 +12,9 @@ import (
 )
 
 // backendModel says which backends may answer an attempt of the named probe that
-// started at t (model.allowed); an empty answer allows any.
-type backendModel func(probe string, t monotime.Time, slack time.Duration) []string
+// started at start and was answered at answered (model.allowed); an empty answer
+// allows any.
+type backendModel func(probe string, start, answered monotime.Time) []string
 
 // leavingModel says whether backend may answer an attempt of the named probe that
 // started at t only because it left the Service within its budget (model.leaving).
@@ -159,7 +159,9 @@ func (m *answersAsModelled) Match(actual any) (bool, error) {
 		if !answer {
 			continue
 		}
-		ok := m.model(e.Probe, e.Time, 0) // a round's hosts share the suite's clock
+		// A round's hosts share the suite's clock: the attempt's start and its
+		// answer's time (Latency is from the start) bound it, with no slack.
+		ok := m.model(e.Probe, e.Time, e.Time.Add(e.Latency))
 		if len(ok) == 0 {
 			continue
 		}

@@ -13,11 +13,11 @@ import (
 )
 
 // pod-b is the Service's until 2.2 s, and the model gives a change 500 ms.
-func podBLeaves(probeName string, t monotime.Time, slack time.Duration) []string {
+func podBLeaves(probeName string, start, _ monotime.Time) []string {
 	if probeName != "x" && probeName != "udp-x" {
 		return nil
 	}
-	if t.Add(-500*time.Millisecond-slack) <= at(2200) {
+	if start.Add(-500*time.Millisecond) <= at(2200) {
 		return []string{"pod-a", "pod-b"}
 	}
 	return []string{"pod-a"}
@@ -86,6 +86,37 @@ func TestAnswersAsModelled(t *testing.T) {
 
 	_, err = m.Match("a string")
 	g.Expect(err).To(MatchError(ContainSubstring("expected a timeline.Window")))
+}
+
+// A backend that joined between an attempt's start and its answer may answer it
+// (the client's SYN or datagram may leave late); one that joined after the answer
+// may not.
+func TestAnswersAsModelledJoinBeforeAnswer(t *testing.T) {
+	g := NewWithT(t)
+	// pod-c joins at 3 s.
+	podCJoins := func(probeName string, _, answered monotime.Time) []string {
+		if answered >= at(3000) {
+			return []string{"pod-a", "pod-c"}
+		}
+		return []string{"pod-a"}
+	}
+	never := func(string, monotime.Time, string) bool { return false }
+	for _, c := range []struct {
+		latency time.Duration
+		pass    bool
+	}{
+		{14 * time.Millisecond, true},
+		{9 * time.Millisecond, false},
+	} {
+		tl := probeTimeline(2200, "x", probe.RoleConnect)
+		tl.Add(probe.Event{Time: at(2990), Kind: probe.KindAttempt, Probe: "x", Seq: 1, Outcome: probe.OK, Target: "10.0.0.1:80",
+			Backend: "pod-c", Latency: c.latency})
+		tl.Add(probe.Event{Time: at(6000), Kind: probe.KindMark, Probe: "x"})
+		m := newAnswersAsModelled(podCJoins, never)
+		ok, err := m.Match(tl.Window(at(1000), at(5500)))
+		g.Expect(err).NotTo(HaveOccurred())
+		g.Expect(ok).To(Equal(c.pass), "answered %v after its start, 10 ms before pod-c joined: %s", c.latency, m.FailureMessage(nil))
+	}
 }
 
 // A UDP flow's datagrams are judged by their replies: one sent at the reply's Time.

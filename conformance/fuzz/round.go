@@ -708,21 +708,24 @@ type change struct {
 }
 
 // allowed are the backends that may answer an attempt of probe (a connection or a
-// UDP flow's datagram) started at t: the Service's own, and every ready spare that
-// was in it at some moment from budget (and slack) before t to slack after, or,
-// while the agent is down, from budget before it went down. A probe of no Service
+// UDP flow's datagram) started at start and answered at answered: the Service's
+// own, and every ready spare that was in it at some moment from budget before the
+// start to the answer, or, while the agent was down, from budget before it went
+// down. The answer, not the start, bounds a join: a client starved of the CPU
+// sends its SYN or datagram well after the probe stamps the start, and a spare
+// that joined before it was sent may rightly answer it. A probe of no Service
 // allows any.
-func (m *model) allowed(probe string, t monotime.Time, slack time.Duration) []string {
+func (m *model) allowed(probe string, start, answered monotime.Time) []string {
 	m.once.Do(m.build)
 	svc, budget, ok := m.serviceOf(probe)
 	if !ok {
 		return nil
 	}
 	out := []string{m.own[svc]}
-	lo, hi := t.Add(-budget-slack), t.Add(slack)
+	lo, hi := start.Add(-budget), max(start, answered)
 	for _, d := range m.downs {
-		if t >= d.from.Add(-slack) && (d.to == 0 || t <= d.to.Add(slack)) {
-			lo = min(lo, d.from.Add(-budget-slack))
+		if hi >= d.from && (d.to == 0 || start <= d.to) {
+			lo = min(lo, d.from.Add(-budget))
 		}
 	}
 	for _, spare := range Spares {
@@ -740,7 +743,7 @@ func (m *model) allowed(probe string, t monotime.Time, slack time.Duration) []st
 // conntrack), since the spares go on serving after they leave.
 func (m *model) leaving(probe string, t monotime.Time, backend string) bool {
 	svc, _, ok := m.serviceOf(probe)
-	return ok && slices.Contains(m.allowed(probe, t, 0), backend) && backend != m.own[svc] && !m.inDuring(backend, m.apps[svc], t, t)
+	return ok && slices.Contains(m.allowed(probe, t, t), backend) && backend != m.own[svc] && !m.inDuring(backend, m.apps[svc], t, t)
 }
 
 // serviceOf is the Service probe reaches (a connect probe's, or the one whose UDP

@@ -275,16 +275,19 @@ func TestModel(t *testing.T) {
 		own:     map[string]string{"web-local": "web-local", "web-remote": "web-remote"},
 		apps:    map[string]string{"web-local": "web-local", "web-remote": "web-remote"}, pathNode: "node-a"}
 	for _, c := range []struct {
-		probe string
-		ms    int
-		slack time.Duration
-		want  []string
+		probe   string
+		ms      int
+		latency int // ms from the start to the answer
+		want    []string
 	}{
 		{"c-local", 900, 0, []string{"web-local"}},
-		{"c-local", 900, 200 * time.Millisecond, []string{"web-local", "spare-a"}},
+		// Started before spare-a joined, answered after: its SYN may have left late.
+		{"c-local", 900, 100, []string{"web-local", "spare-a"}},
+		{"c-local", 900, 99, []string{"web-local"}},
 		{"c-local", 1000, 0, []string{"web-local", "spare-a"}},
 		{"c-local", 3999, 0, []string{"web-local", "spare-a"}},
 		{"c-local", 4001, 0, []string{"web-local"}},
+		{"c-local", 4001, 500, []string{"web-local"}},
 		{"c-remote", 10800, 0, []string{"web-remote", "spare-b"}},
 		// Down from 10 s to ready at 12 s: stale until ready, not after.
 		{"c-remote", 11900, 0, []string{"web-remote", "spare-b"}},
@@ -296,7 +299,7 @@ func TestModel(t *testing.T) {
 		{"c-local", 21100, 0, []string{"web-local"}},
 		{"other", 11500, 0, nil},
 	} {
-		g.Expect(m.allowed(c.probe, at(c.ms), c.slack)).To(Equal(c.want), "%s at %d ms", c.probe, c.ms)
+		g.Expect(m.allowed(c.probe, at(c.ms), at(c.ms+c.latency))).To(Equal(c.want), "%s at %d ms, answered %d ms later", c.probe, c.ms, c.latency)
 	}
 	// spare-a left web-local at 3 s: leaving within the budget, not before or after;
 	// the Service's own backend never is.
