@@ -225,7 +225,9 @@ func (s Schedule) blamed(res conformance.Result) []Action {
 		if s.Actions[i-1].Op == OpLeave {
 			for j := i - 2; j >= 0; j-- {
 				if a := s.Actions[j]; a.Backend == s.Actions[i-1].Backend && (a.Op == OpJoin || a.Op == OpLeave) {
-					keep[j] = a.Op == OpJoin
+					if a.Op == OpJoin {
+						keep[j] = true
+					}
 					break
 				}
 			}

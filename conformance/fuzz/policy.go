@@ -134,13 +134,15 @@ const policyInterval = 50 * time.Millisecond
 
 // burstFor is how long each fixed pair is probed with UDP datagrams, one every
 // order-interval (250 µs), each from a new socket, after each write of policies:
-// the burst starts before the write (once its nine probes are all sending) and goes
-// on past the moment the implementation takes the change in. A write taken in as two (a delete, then the
-// add a round later: ORDER-POLICY-REPLACE's delete-then-add) leaves the pods the
-// policy selects with only their other policies for one agent round, some hundred
-// microseconds: policyInterval's connections, 50 ms apart, pass it by, and a
-// datagram, a flow of its own judged afresh, falls in it on a pair about once in
-// two. A burst is 400 datagrams a pair after the write, 3,600 for the nine.
+// the burst starts before the write (once its nine probes are all sending) and
+// goes on past the moment the implementation takes the change in. A write taken
+// in as two (a delete, then the add a round later: ORDER-POLICY-REPLACE's
+// delete-then-add) leaves the pods the policy selects with only their other
+// policies for one agent round, some hundred microseconds: policyInterval's
+// connections, 50 ms apart, pass it by, and a datagram, a flow of its own judged
+// afresh, falls in it on a pair about once in two. A burst is at least 400
+// datagrams a pair after the write, 3,600 for the nine. A step's next write waits
+// for the burst to end, so the writes of one step are at least burstFor apart.
 const burstFor = 100 * time.Millisecond
 
 // burstSends is how many datagrams each pair of a write's burst sends in burstFor,
