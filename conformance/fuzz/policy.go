@@ -566,11 +566,12 @@ func (m *policyModel) verdicts(pr policyPair, t monotime.Time, shown []monotime.
 // pair's connect attempts as they are, and each datagram sent on a UDP pair (whose
 // name is its destination's label) as an attempt of the pair answered (OK) by the
 // server that received it, if one did, or not (timeout). A datagram the probe could
-// not send is no attempt, and neither is one received from the source address and
-// port of an earlier datagram of its pair: the kernel gave the new socket a port it
-// had used, so the datagram belongs to a flow the datapath knows, whose verdict
-// stands (a datapath need not judge an admitted flow again when policies change).
-func pairAttempts(events []probe.Event, pairs map[string]policyPair) []probe.Event {
+// not send is no attempt. A datagram sent from the source address and port of
+// earlier datagrams of its pair (the kernel gave the new socket a port it had used)
+// belongs to their flow: prior holds them, by the datagram's index in attempts. The
+// sender names the port (the sent event's Peer); where it does not, the receiver's
+// view of it is used, which knows only the datagrams that arrived.
+func pairAttempts(events []probe.Event, pairs map[string]policyPair) (attempts []probe.Event, prior map[int][]probe.Event) {
 	type datagram struct {
 		pair, sender string
 		seq          uint64
@@ -581,30 +582,36 @@ func pairAttempts(events []probe.Event, pairs map[string]policyPair) []probe.Eve
 			got[datagram{e.Target, e.From, e.Seq}] = e
 		}
 	}
-	type flow struct{ pair, peer string }
-	seen := map[flow]bool{}
-	var out []probe.Event
+	type flow struct{ pair, source string }
+	flows := map[flow][]probe.Event{}
+	prior = map[int][]probe.Event{}
 	for _, e := range events {
 		switch {
 		case e.Kind == probe.KindAttempt && !pairs[e.Probe].udp:
 			if _, ok := pairs[e.Probe]; ok {
-				out = append(out, e)
+				attempts = append(attempts, e)
 			}
 		case e.Kind == probe.KindSent && pairs[e.Target].udp && e.Outcome == probe.OK:
 			recv, ok := got[datagram{e.Target, e.Probe, e.Seq}]
+			source := e.Peer
+			if source == "" && ok {
+				source = recv.Peer
+			}
 			e.Kind, e.Probe, e.Outcome = probe.KindAttempt, e.Target, probe.Timeout
 			if ok {
-				f := flow{e.Probe, recv.Peer}
-				if seen[f] && recv.Peer != "" {
-					continue
-				}
-				seen[f] = true
 				e.Outcome, e.Backend = probe.OK, recv.Backend
 			}
-			out = append(out, e)
+			if source != "" {
+				f := flow{e.Probe, source}
+				if len(flows[f]) > 0 {
+					prior[len(attempts)] = flows[f]
+				}
+				flows[f] = append(flows[f], e)
+			}
+			attempts = append(attempts, e)
 		}
 	}
-	return out
+	return attempts, prior
 }
 
 // policyAsModelled is the round's check that every new connection between the
@@ -645,9 +652,12 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 	c.m.p.mu.Lock()
 	maps.Copy(pairs, c.m.p.born)
 	c.m.p.mu.Unlock()
-	attempts := pairAttempts(w.Inside(), pairs)
+	attempts, prior := pairAttempts(w.Inside(), pairs)
 	wired := map[string]monotime.Time{} // a new pod's first delivery
-	for _, e := range attempts {
+	for i, e := range attempts {
+		if _, ok := prior[i]; ok {
+			continue // a known flow's, which says nothing of a new one
+		}
 		if pr := pairs[e.Probe]; pr.born != "" && pr.from == pr.born && e.Outcome == probe.OK && e.Backend == pr.to {
 			if t, ok := wired[pr.born]; !ok || e.Time < t {
 				wired[pr.born] = e.Time
@@ -665,7 +675,10 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 		return ok && t >= from
 	}
 	byProbe := map[string][]probe.Event{}
-	for _, e := range attempts {
+	for i, e := range attempts {
+		if _, ok := prior[i]; ok {
+			continue
+		}
 		if pr := pairs[e.Probe]; pr.born == "" || live(pr, e.Time) {
 			byProbe[e.Probe] = append(byProbe[e.Probe], e)
 		} else if _, ok := byProbe[e.Probe]; !ok {
@@ -679,7 +692,7 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 	c.m.shownBefore(pairs, shown)
 	var wrong []wrongAttempt
 	judged, seen := 0, map[string]int{}
-	for _, e := range attempts {
+	for i, e := range attempts {
 		pr := pairs[e.Probe]
 		seen[e.Probe]++
 		if e.Outcome == probe.Stopped {
@@ -689,6 +702,15 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 		delivered := e.Outcome == probe.OK && e.Backend == pr.to
 		if pr.born != "" && allow && !deny && !live(pr, e.Time) {
 			continue
+		}
+		if earlier, ok := prior[i]; ok {
+			// A known flow's verdict stands: a datapath need not judge an admitted
+			// flow again when policies change. Only a flow that was never admitted
+			// (every earlier datagram denied by every set, and none delivered) is
+			// still held to a deny.
+			if c.admitted(pr, earlier, shown[e.Probe]) || !deny || allow {
+				continue
+			}
 		}
 		switch {
 		case allow && deny:
@@ -716,6 +738,18 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 		return false, fmt.Errorf("%w: %s: the round cannot judge the moment the write was taken in", matchers.ErrInstrument, quiet)
 	}
 	return passed, nil
+}
+
+// admitted reports whether a datapath may have admitted the flow of the datagrams
+// earlier of pair pr: one was delivered, or a set of policies that counted when it
+// was sent allowed it.
+func (c *policyAsModelled) admitted(pr policyPair, earlier []probe.Event, shown []monotime.Time) bool {
+	for _, e := range earlier {
+		if allow, _, _ := c.m.verdicts(pr, e.Time, shown); allow || (e.Outcome == probe.OK && e.Backend == pr.to) {
+			return true
+		}
+	}
+	return false
 }
 
 // quietBurst says which pair's probe of a write's burst, the first, went quiet: sent

@@ -156,10 +156,10 @@ func withNewPod(t *testing.T, policy, name string, pr policyPair) *policies {
 	return p
 }
 
-// datagram adds to tl datagram seq of pr, sent by sender at ms, and its receipt
-// from the source address from, if it was received.
+// datagram adds to tl datagram seq of pr, sent by sender at ms from the source
+// address from, and its receipt, if it was received.
 func datagram(tl *timeline.Timeline, sender string, pr policyPair, ms int, seq uint64, received bool, from string) {
-	tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: sender, Seq: seq, Outcome: probe.OK, Target: pr.name()})
+	tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: sender, Seq: seq, Outcome: probe.OK, Target: pr.name(), Peer: from})
 	if received {
 		tl.Add(probe.Event{Time: at(ms), End: at(ms + 1), Kind: probe.KindRecv, Probe: pr.to, From: sender, Seq: seq, Backend: pr.to, Target: pr.name(), Peer: from})
 	}
@@ -285,18 +285,25 @@ func TestPolicyAsModelledNotShownBeforeWired(t *testing.T) {
 // peer is the source a server saw datagram seq come from: a new port each.
 func peer(seq uint64) string { return fmt.Sprintf("10.0.1.1:%d", 40000+seq) }
 
-// A datagram from a port an earlier datagram of its pair came from belongs to that
-// flow: the kernel reused the port for a new socket, and a datapath may pass the
-// flow it admitted before the policies changed. It is not judged; the same
-// delivery from a new port is.
+// A datagram from a port an earlier datagram of its pair was sent from belongs to
+// that flow: the kernel reused the port for a new socket, and a datapath may pass
+// the flow it admitted before the policies changed (or admitted on the way, to a
+// receiver that never saw it). It is not judged; the same delivery from a new port
+// is, and so is one on the port of a flow that was denied and never delivered.
+// Where the sender does not name its ports, the receiver's view of them does.
 func TestPolicyAsModelledReusedPort(t *testing.T) {
 	for _, c := range []struct {
-		what   string
-		reused bool
-		kind   matchers.Kind
+		what       string
+		reuse      uint64 // the datagram whose port #200 reuses, or 0
+		lost       uint64 // a datagram before the deny that was not received, or 0
+		senderSays bool
+		kind       matchers.Kind
 	}{
-		{"from the port of a datagram admitted before the deny", true, ""},
-		{"from a new port", false, matchers.KindDelivered},
+		{"from the port of a datagram received before the deny", 3, 0, true, ""},
+		{"from the port of a datagram sent before the deny, not received", 10, 10, true, ""},
+		{"from the port of a datagram sent after the deny, not received", 100, 0, true, matchers.KindDelivered},
+		{"from the port of a datagram received before the deny, seen by the receiver", 3, 0, false, ""},
+		{"from a new port", 0, 0, true, matchers.KindDelivered},
 	} {
 		g := NewWithT(t)
 		pr := policyPair{from: "x/new-1", to: "x/a", port: 80, born: "x/new-1", udp: true}
@@ -308,10 +315,19 @@ func TestPolicyAsModelledReusedPort(t *testing.T) {
 		// 448 ms) delivered again.
 		for ms, seq := 50, uint64(1); ms < 500; ms, seq = ms+2, seq+1 {
 			from := peer(seq)
-			if seq == 200 && c.reused {
-				from = peer(3)
+			if seq == 200 && c.reuse != 0 {
+				from = peer(c.reuse)
 			}
-			datagram(tl, "birth-xnew1", pr, ms, seq, ms < 150 || seq == 200, from)
+			received := (ms < 150 && seq != c.lost) || seq == 200
+			if c.senderSays {
+				datagram(tl, "birth-xnew1", pr, ms, seq, received, from)
+				continue
+			}
+			tl.Add(probe.Event{Time: at(ms), Kind: probe.KindSent, Probe: "birth-xnew1", Seq: seq, Outcome: probe.OK, Target: pr.name()})
+			if received {
+				tl.Add(probe.Event{Time: at(ms), End: at(ms + 1), Kind: probe.KindRecv, Probe: pr.to, From: "birth-xnew1", Seq: seq,
+					Backend: pr.to, Target: pr.name(), Peer: from})
+			}
 		}
 		chk, ok, err := matchPolicies(p, tl)
 		expectKind(g, c.what, chk, ok, err, c.kind)

@@ -139,8 +139,9 @@ type UDP struct {
 	To []Destination
 	// Interval between datagrams; default DefaultUDPEvery.
 	Interval time.Duration
-	// NewSocket sends each datagram from a new socket (a new source port, so a new
-	// flow for the dataplane) instead of one socket for the whole run.
+	// NewSocket sends each datagram from a new socket instead of one socket for the
+	// whole run: a port the kernel picks, so as a rule a new flow for the dataplane,
+	// but now and then a port an earlier socket used (each sent event says which).
 	NewSocket bool
 	// Replies reports every answer that comes back on the socket (the serve role
 	// answers each datagram) as a KindReply event: which server answered, from which

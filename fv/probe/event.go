@@ -57,7 +57,9 @@ const (
 	// reset, closed, wrong-reply, timeout or stopped.
 	KindEnd Kind = "end"
 	// KindSent (udp): datagram Seq was sent at Time to Target (a label); Outcome ok, or
-	// the local send error.
+	// the local send error. With NewSocket, Peer is the local address it was sent
+	// from: a port the kernel gave an earlier socket names a flow the dataplane may
+	// already know.
 	KindSent Kind = "sent"
 	// KindReply (udp, with Replies): datagram Seq, sent at Time to the destination
 	// labelled Target, was answered at End (Latency after it was sent) by the server

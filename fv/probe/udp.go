@@ -96,13 +96,13 @@ func (u *udpSender) run(ctx context.Context) (int, error) {
 		if u.cfg.Replies {
 			u.inflight[seq] = t0
 		}
+		ev := Event{Time: t0, Kind: KindSent, Seq: seq, Target: label, Outcome: OK}
 		var err error
 		if conn != nil {
 			_, err = conn.WriteToUDP(b, u.addrs[i])
 		} else {
-			err = sendOnce(u.addrs[i], b)
+			ev.Peer, err = sendOnce(u.addrs[i], b)
 		}
-		ev := Event{Time: t0, Kind: KindSent, Seq: seq, Target: label, Outcome: OK}
 		if err != nil {
 			ev.Outcome, ev.Err = classify("send", err)
 			delete(u.inflight, seq)
@@ -173,14 +173,16 @@ func (u *udpSender) reply(seq uint64, t0, t1 monotime.Time, name string, from ne
 	return ev
 }
 
-func sendOnce(to *net.UDPAddr, b []byte) error {
+// sendOnce sends b to to from a new socket, and returns the socket's local address:
+// the kernel picks its port, and may pick one an earlier socket used.
+func sendOnce(to *net.UDPAddr, b []byte) (string, error) {
 	c, err := net.DialUDP("udp", nil, to)
 	if err != nil {
-		return err
+		return "", err
 	}
 	defer c.Close()
 	_, err = c.Write(b)
-	return err
+	return c.LocalAddr().String(), err
 }
 
 // exchangeUDP sends req in one datagram from a new socket (a new flow for the

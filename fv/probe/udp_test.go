@@ -236,3 +236,60 @@ func TestReceiveQueueCountsDrops(t *testing.T) {
 		t.Fatalf("after 100 datagrams into a full buffer: drop counter %d (present: %v), want > 0", drops, counted)
 	}
 }
+
+// TestUDPNewSocketPeer runs the udp role with NewSocket: each sent event names the
+// local address its datagram left from, the one the receiver saw.
+func TestUDPNewSocketPeer(t *testing.T) {
+	const count = 30
+	l, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	seen := make(chan map[uint64]string, 1)
+	go func() {
+		from := map[uint64]string{}
+		buf := make([]byte, 2048)
+		for len(from) < count {
+			_ = l.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, peer, err := l.ReadFromUDP(buf)
+			if err != nil {
+				break
+			}
+			if req, ok := parseRequest(buf[:n]); ok {
+				from[req.seq] = peer.String()
+			}
+		}
+		seen <- from
+	}()
+	var out bytes.Buffer
+	args := []string{"udp", "-name", "c", "-to", "svc=" + l.LocalAddr().String(), "-interval", "1ms",
+		"-count", strconv.Itoa(count), "-new-socket", "-report", "5ms"}
+	pr, pw := io.Pipe() // stdin held open: its end would stop the probe
+	defer pw.Close()
+	if code := run(args, pr, &out, io.Discard); code != 0 {
+		t.Fatalf("exit code %d; output %s", code, out.String())
+	}
+	from := <-seen
+	d := NewDecoder(&out)
+	sent := 0
+	for {
+		e, err := d.Decode()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if e.Kind != KindSent {
+			continue
+		}
+		sent++
+		if e.Peer == "" || e.Peer != from[e.Seq] {
+			t.Errorf("datagram #%d: sent event names local address %q, the receiver saw %q", e.Seq, e.Peer, from[e.Seq])
+		}
+	}
+	if sent != count {
+		t.Errorf("%d sent events, want %d", sent, count)
+	}
+}
