@@ -31,6 +31,15 @@ import (
 // write is done (policyModel's states).
 const EventPolicies = "fuzz-policies"
 
+// Names of the events a policy write's burst records, once its probes all send and
+// when they stop: their detail is the number of the set the write makes.
+const (
+	EventPolicyBurstStart = "policy-burst-start"
+	EventPolicyBurstEnd   = "policy-burst-end"
+)
+
+var policyBurstEvents = spanEvents{EventPolicyBurstStart, EventPolicyBurstEnd}
+
 // PolicyCases are the names of the cases an OpPolicy step puts in force:
 // POLICY-TRUTH-TABLE's, in its order.
 func PolicyCases() []string {
@@ -304,7 +313,8 @@ func (p *policies) put(ctx context.Context, e *conformance.Env, name string) err
 // one probe a pair (a probe sends no finer than every 100 µs), a new socket each
 // datagram, one every order-interval, all started at once; once every one is
 // sending, it does write, and the probes go on for burstFor after it (hold). They
-// are named by the set the write makes (policyBurstProbe).
+// are named by the set the write makes (policyBurstProbe), and so is their span
+// (policyBurstEvents).
 func (p *policies) burst(ctx context.Context, e *conformance.Env, write func() error) error {
 	p.mu.Lock()
 	n := len(p.states)
@@ -318,7 +328,7 @@ func (p *policies) burst(ctx context.Context, e *conformance.Env, write func() e
 			To:       []probe.Destination{{Label: name, Addr: netip.AddrPortFrom(to.Pod.IP(), uint16(pr.port)).String()}},
 			Interval: e.Budgets.OrderInterval}})
 	}
-	return hold(ctx, e, spanEvents{}, n, probes, burstFor, write)
+	return hold(ctx, e, policyBurstEvents, n, probes, burstFor, write)
 }
 
 // policyBurstProbe is the probe of pair (by name) in the burst around the write that

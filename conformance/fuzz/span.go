@@ -40,13 +40,13 @@ func connects(e *conformance.Env, flows []workloads.Flow, names []string, interv
 	return out
 }
 
-// hold runs probes for a span of step's (probes that run until stopped): they
-// start, all at once; the start is recorded once they are all ready; then during
+// hold runs probes for a span (probes that run until stopped) of step's, or of
+// what step numbers (a policy write's set): they start, all at once; the start is
+// recorded, with step as its detail, once they are all ready; then during
 // runs (nil: nothing), and the end is recorded d after it returns, before the
 // probes are stopped (a probe stops once its attempts in flight have ended), so
-// that between the two each probes throughout. Events with no names are not
-// recorded (a policy write's burst: the write marks it). When ctx ends, the probes
-// stop, with no error; during's error ends the span at once.
+// that between the two each probes throughout. When ctx ends, the probes stop,
+// with no error; during's error ends the span at once.
 func hold(ctx context.Context, e *conformance.Env, ev spanEvents, step int, probes []placed, d time.Duration, during func() error) error {
 	ps := make([]*probe.Process, len(probes))
 	stop := func() error {
@@ -60,11 +60,7 @@ func hold(ctx context.Context, e *conformance.Env, ev spanEvents, step int, prob
 		}
 		return errors.Join(errs...)
 	}
-	record := func(name string) {
-		if name != "" {
-			e.Record(name, fmt.Sprint(step))
-		}
-	}
+	record := func(name string) { e.Record(name, fmt.Sprint(step)) }
 	var g errgroup.Group
 	for i, p := range probes {
 		g.Go(func() (err error) {
