@@ -262,25 +262,15 @@ func TestUDPNewSocketPeer(t *testing.T) {
 		}
 		seen <- from
 	}()
-	var out bytes.Buffer
-	args := []string{"udp", "-name", "c", "-to", "svc=" + l.LocalAddr().String(), "-interval", "1ms",
-		"-count", strconv.Itoa(count), "-new-socket", "-report", "5ms"}
-	pr, pw := io.Pipe() // stdin held open: its end would stop the probe
-	defer pw.Close()
-	if code := run(args, pr, &out, io.Discard); code != 0 {
-		t.Fatalf("exit code %d; output %s", code, out.String())
+	wait := runInProcess(t, "udp", "-name", "c", "-to", "svc="+l.LocalAddr().String(), "-interval", "1ms",
+		"-count", strconv.Itoa(count), "-new-socket", "-report", "5ms")
+	code, events := wait()
+	if code != 0 {
+		t.Fatalf("exit code %d; events %+v", code, events)
 	}
 	from := <-seen
-	d := NewDecoder(&out)
 	sent := 0
-	for {
-		e, err := d.Decode()
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, e := range events {
 		if e.Kind != KindSent {
 			continue
 		}
