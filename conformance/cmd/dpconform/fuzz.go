@@ -147,7 +147,8 @@ func fuzzBudgets(rf *fuzz.ReplayFile, path string, flags []string) (conformance.
 	return b, nil
 }
 
-// replayCmd runs a replay file's schedule once and reports it.
+// replayCmd runs a replay file's schedule up to runs times, until a run does not
+// pass, and reports the last run.
 func replayCmd(ctx context.Context, r *conformance.Runner, rf fuzz.ReplayFile, runs int, output string, prog *ProgressPrinter) error {
 	prog.Logf("replaying round %d of seed %d (%d steps), which failed against %s (%s):\n%s", rf.Schedule.Round, rf.Schedule.Seed, len(rf.Schedule.Actions), rf.Implementation, rf.FirstViolation, rf.Schedule)
 	res := replayUntil(ctx, runs, func() conformance.Result { return fuzz.Replay(ctx, r, rf.Schedule) }, prog.Logf)
