@@ -663,11 +663,16 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 	maps.Copy(pairs, c.m.p.born)
 	c.m.p.mu.Unlock()
 	attempts, prior := pairAttempts(w.Inside(), pairs)
-	wired := map[string]monotime.Time{} // a new pod's first delivery
+	// New flows' attempts: a known flow's says nothing of when a pod was wired or a
+	// change shown.
+	var fresh []probe.Event
 	for i, e := range attempts {
-		if _, ok := prior[i]; ok {
-			continue // a known flow's, which says nothing of a new one
+		if _, ok := prior[i]; !ok {
+			fresh = append(fresh, e)
 		}
+	}
+	wired := map[string]monotime.Time{} // a new pod's first delivery
+	for _, e := range fresh {
 		if pr := pairs[e.Probe]; pr.born != "" && pr.from == pr.born && e.Outcome == probe.OK && e.Backend == pr.to {
 			if t, ok := wired[pr.born]; !ok || e.Time < t {
 				wired[pr.born] = e.Time
@@ -685,10 +690,7 @@ func (c *policyAsModelled) Match(actual any) (bool, error) {
 		return ok && t >= from
 	}
 	byProbe := map[string][]probe.Event{}
-	for i, e := range attempts {
-		if _, ok := prior[i]; ok {
-			continue
-		}
+	for _, e := range fresh {
 		if pr := pairs[e.Probe]; pr.born == "" || live(pr, e.Time) {
 			byProbe[e.Probe] = append(byProbe[e.Probe], e)
 		} else if _, ok := byProbe[e.Probe]; !ok {
